@@ -1,0 +1,120 @@
+"""Experiment configs (TOML or YAML) expanded into RunSpecs.
+
+    suite = "systems"                     # results go to results/<suite>/
+    [matrix]                              # cross product of every list
+    system = ["single", "ps"]
+    workload = ["mlp-digits"]
+    workers = [1, 2]
+    seed = [0, 1, 2]
+    [matrix.options.ps]                   # option lists crossed for that system's runs only
+    consistency = ["bsp", "asp"]
+    [settings]                            # fixed for every run
+    epochs = 2
+    [options.ps]                          # fixed options for one system
+    servers = 1
+    [quick]                               # overrides for `--quick` (any [settings] key, and seed lists)
+    max_steps = 40
+    seed = [0]
+    [[exclude]]                           # drop runs matching every key given
+    system = "ps"
+    workers = 1
+"""
+from __future__ import annotations
+
+import itertools
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bench.spec import RunSpec
+from workloads.errors import ConfigError
+
+SPEC_FIELDS = {f.name for f in fields(RunSpec)}
+TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "report"}
+
+
+@dataclass
+class Experiment:
+    suite: str
+    description: str
+    specs: list[RunSpec]
+    report: dict[str, Any] = field(default_factory=dict)  # hints for the report (which plots/tables)
+    source: Path | None = None
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            loaded = yaml.safe_load(text)
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"{path}: the top level must be a mapping")
+            return loaded
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    raise ConfigError(f"config file {path}: use .toml, .yaml or .yml")
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def expand(config: dict[str, Any], quick: bool = False, source: Path | None = None) -> Experiment:
+    unknown = sorted(set(config) - TOP_LEVEL_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}")
+    matrix = dict(config.get("matrix", {}))
+    option_matrix: dict[str, dict[str, list[Any]]] = matrix.pop("options", {})
+    settings = dict(config.get("settings", {}))
+    if quick:
+        for key, value in config.get("quick", {}).items():
+            (matrix if key in matrix else settings)[key] = value
+    for key in list(matrix) + list(settings):
+        if key not in SPEC_FIELDS - {"options"}:
+            raise ConfigError(f"unknown run setting '{key}'; allowed: {', '.join(sorted(SPEC_FIELDS - {'options'}))}")
+    if "system" not in matrix and "system" not in settings:
+        raise ConfigError("config needs a system (in [matrix] or [settings])")
+    if "workload" not in matrix and "workload" not in settings:
+        raise ConfigError("config needs a workload (in [matrix] or [settings])")
+    fixed_options: dict[str, dict[str, Any]] = config.get("options", {})
+    excludes = config.get("exclude", [])
+
+    keys = list(matrix)
+    specs: list[RunSpec] = []
+    for combo in itertools.product(*(_as_list(matrix[k]) for k in keys)):
+        base = {**settings, **dict(zip(keys, combo))}
+        system = base["system"]
+        sys_matrix = option_matrix.get(system, {})
+        opt_keys = list(sys_matrix)
+        for opt_combo in itertools.product(*(_as_list(sys_matrix[k]) for k in opt_keys)):
+            options = {**fixed_options.get(system, {}), **dict(zip(opt_keys, opt_combo))}
+            run = {**base, "options": options}
+            if any(_matches(run, ex) for ex in excludes):
+                continue
+            specs.append(RunSpec.from_dict(run))
+    if not specs:
+        raise ConfigError("the config expands to no runs")
+    return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
+                      config.get("report", {}), source)
+
+
+def _matches(run: dict[str, Any], exclude: dict[str, Any]) -> bool:
+    for key, value in exclude.items():
+        have = run.get("options", {}).get(key) if key not in run else run[key]
+        if have != value:
+            return False
+    return True
+
+
+def load_experiment(path: Path, quick: bool = False) -> Experiment:
+    return expand(load_config(path), quick=quick, source=Path(path))

@@ -1,0 +1,199 @@
+"""Metric records for one run (one row per event, tidy) and the run's manifest.
+
+Layout: results/<suite>/<run-id>/ {manifest.json, steps.csv, evals.csv, events.csv, shards.json}.
+The run directory is staged under a hidden name and renamed into place when complete.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+
+from bench.atomic import atomic_replace_dir, atomic_write_csv, atomic_write_json
+from bench.spec import RunSpec
+
+STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_samples", "loss", "staleness", "bytes"]
+EVAL_COLUMNS = ["run_id", "system", "workload", "step", "t_wall", "split", "loss", "accuracy"]
+EVENT_COLUMNS = ["run_id", "kind", "t_wall", "step", "worker", "detail"]
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    out_dir: Path
+    summary: dict[str, Any]
+
+
+class Recorder:
+    """Collects rows while a system trains. t_wall is seconds on the training clock: it starts at
+    `start_clock()` (after set-up such as a Spark session start) and excludes `paused()` spans."""
+
+    def __init__(self, spec: RunSpec, target_accuracy: float | None = None):
+        self.spec = spec
+        self.target_accuracy = target_accuracy
+        self.steps: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
+        self.shard_report: dict[str, Any] | None = None
+        self.created_at = time.time()
+        self.t0: float | None = None  # epoch seconds when training started
+        self.t_end: float | None = None
+        self._paused_s = 0.0
+
+    # ---- the clock ------------------------------------------------------------------------
+    def start_clock(self) -> None:
+        self.t0 = time.time()
+        self.extra.setdefault("setup_s", self.t0 - self.created_at)
+
+    def stop_clock(self) -> None:
+        self.t_end = time.time()
+
+    def now(self) -> float:
+        if self.t0 is None:
+            self.start_clock()
+        return time.time() - self.t0 - self._paused_s
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Time spent inside (evaluation, say) is not training time."""
+        start = time.time()
+        try:
+            yield
+        finally:
+            self._paused_s += time.time() - start
+
+    # ---- rows -----------------------------------------------------------------------------
+    def _ids(self) -> dict[str, Any]:
+        return {"run_id": self.spec.run_id, "system": self.spec.system, "workload": self.spec.workload}
+
+    def step(self, worker: int, step: int, n_samples: int, loss: float, staleness: int | None = None,
+             nbytes: int | None = None, t_wall: float | None = None) -> None:
+        self.steps.append({**self._ids(), "worker": worker, "step": step,
+                           "t_wall": self.now() if t_wall is None else t_wall, "n_samples": n_samples,
+                           "loss": float(loss), "staleness": staleness, "bytes": nbytes})
+
+    def add_steps(self, rows: list[dict[str, Any]]) -> None:
+        """Rows made in other processes (keys as in `step`, t_wall already on this run's clock)."""
+        for row in rows:
+            self.step(row["worker"], row["step"], row["n_samples"], row["loss"], row.get("staleness"),
+                      row.get("bytes"), row["t_wall"])
+
+    def eval(self, step: int, split: str, loss: float, accuracy: float, t_wall: float | None = None) -> None:
+        self.evals.append({**self._ids(), "step": step, "t_wall": self.now() if t_wall is None else t_wall,
+                           "split": split, "loss": float(loss), "accuracy": float(accuracy)})
+
+    def event(self, kind: str, step: int | None = None, worker: int | None = None,
+              t_wall: float | None = None, **detail: Any) -> None:
+        import json
+
+        self.events.append({"run_id": self.spec.run_id, "kind": kind,
+                            "t_wall": self.now() if t_wall is None else t_wall, "step": step, "worker": worker,
+                            "detail": json.dumps(detail, sort_keys=True, default=str)})
+
+    # ---- summary and files ----------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        steps = pd.DataFrame(self.steps, columns=STEP_COLUMNS)
+        evals = pd.DataFrame(self.evals, columns=EVAL_COLUMNS)
+        end = self.t_end or time.time()
+        train_s = (end - self.t0 - self._paused_s) if self.t0 else 0.0
+        n_samples = int(steps["n_samples"].sum()) if len(steps) else 0
+        out: dict[str, Any] = {
+            "train_s": train_s,
+            "samples": n_samples,
+            "samples_per_s": n_samples / train_s if train_s > 0 else None,
+            "steps": int(len(steps)),
+            "mean_step_s": float(train_s / steps.groupby("worker")["step"].count().max()) if len(steps) else None,
+            "target_accuracy": self.target_accuracy,
+            "time_to_target_s": None,
+        }
+        for split in ("train", "val"):
+            rows = evals[evals["split"] == split]
+            if len(rows):
+                out[f"final_{split}_loss"] = float(rows.iloc[-1]["loss"])
+                out[f"final_{split}_accuracy"] = float(rows.iloc[-1]["accuracy"])
+        val = evals[evals["split"] == "val"]
+        if self.target_accuracy is not None and len(val):
+            hit = val[val["accuracy"] >= self.target_accuracy]
+            if len(hit):
+                out["time_to_target_s"] = float(hit.iloc[0]["t_wall"])
+        stale = steps["staleness"].dropna()
+        if len(stale):
+            values = stale.to_numpy(dtype=float)
+            out["staleness_mean"] = float(values.mean())
+            out["staleness_p95"] = float(np.percentile(values, 95))
+            out["staleness_max"] = int(values.max())
+            hist = np.bincount(values.astype(int))
+            out["staleness_hist"] = {str(i): int(c) for i, c in enumerate(hist) if c}
+        return out
+
+    def finish(self, results_dir: Path, suite: str) -> RunResult:
+        """Write every file into a staging directory, then rename it into place."""
+        if self.t_end is None:
+            self.stop_clock()
+        suite_dir = Path(results_dir) / suite
+        suite_dir.mkdir(parents=True, exist_ok=True)
+        final = suite_dir / self.spec.run_id
+        staging = suite_dir / f".staging-{self.spec.run_id}-{os.getpid()}"
+        staging.mkdir()
+        summary = self.summary()
+        atomic_write_csv(staging / "steps.csv", pd.DataFrame(self.steps, columns=STEP_COLUMNS))
+        atomic_write_csv(staging / "evals.csv", pd.DataFrame(self.evals, columns=EVAL_COLUMNS))
+        atomic_write_csv(staging / "events.csv", pd.DataFrame(self.events, columns=EVENT_COLUMNS))
+        if self.shard_report is not None:
+            atomic_write_json(staging / "shards.json", self.shard_report)
+        manifest = {
+            "psbench_manifest": MANIFEST_VERSION,
+            "run_id": self.spec.run_id,
+            "suite": suite,
+            "config_hash": self.spec.config_hash(),
+            "spec": self.spec.to_dict(),
+            "seed": self.spec.seed,
+            "start": self.t0,
+            "end": self.t_end,
+            "summary": summary,
+            "extra": self.extra,
+            "versions": versions(),
+            "git_sha": git_sha(),
+            "machine": machine(),
+        }
+        # The manifest is written last: its presence marks a complete run.
+        atomic_write_json(staging / "manifest.json", manifest)
+        atomic_replace_dir(staging, final)
+        return RunResult(self.spec.run_id, final, summary)
+
+
+def versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for pkg in ("torch", "pyzmq", "pyspark", "horovod", "numpy", "pandas", "psbench"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def git_sha() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    return {"cores": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "platform": platform.platform(), "processor": platform.machine()}

@@ -1,0 +1,58 @@
+"""RunSpec: everything that defines one run. Its hash names the run, so a suite can resume."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    system: str
+    workload: str
+    workers: int = 1
+    seed: int = 0
+    epochs: int | None = None        # None: the workload's default
+    batch_size: int | None = None    # per worker (Horovod's convention); None: the workload's default
+    lr: float | None = None          # None: the workload's default
+    sharding: str = "random"
+    max_steps: int | None = None     # cap on steps per worker, for quick runs
+    evals_per_epoch: int = 2
+    data_dir: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # system-specific, validated by the system
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.workers >= 1, f"workers must be >= 1, got {self.workers}"),
+            (self.epochs is None or self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.batch_size is None or self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}"),
+            (self.evals_per_epoch >= 1, f"evals_per_epoch must be >= 1, got {self.evals_per_epoch}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "RunSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"unknown run setting(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**raw)
+
+    def config_hash(self) -> str:
+        """Stable over runs and machines; data_dir is excluded (same data, other path)."""
+        payload = {k: v for k, v in self.to_dict().items() if k != "data_dir"}
+        return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.system}-{self.workload}-w{self.workers}-s{self.seed}-{self.config_hash()}"

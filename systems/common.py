@@ -1,0 +1,152 @@
+"""Worker-side code every system shares: data on a shard, one gradient step, evaluation, and flat
+views of parameters and gradients. Systems differ only in how gradients and parameters move."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from bench.spec import RunSpec
+from workloads import Dataset, Workload, get_workload
+from workloads.sharding import ShardPlan, make_shards
+
+TRAIN_EVAL_EXAMPLES = 2048  # training metrics are measured on a fixed subset, for speed
+
+
+def configure_threads(n_threads: int = 1) -> None:
+    """One intra-op thread per worker process: N workers then use N cores, as on N hosts."""
+    torch.set_num_threads(n_threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process
+        pass
+
+
+@dataclass
+class Prepared:
+    """A run's workload made concrete: data, shards, the seeded initial model and settings."""
+    spec: RunSpec
+    workload: Workload
+    data: Dataset
+    plan: ShardPlan
+    epochs: int
+    batch_size: int
+    lr: float
+
+    def build_model(self) -> nn.Module:
+        return self.workload.build_model(self.data, self.spec.seed)
+
+    def steps_per_epoch(self, worker: int = 0) -> int:
+        return max(1, math.ceil(len(self.plan.shards[worker]) / self.batch_size))
+
+    def total_steps(self, worker: int = 0) -> int:
+        steps = self.epochs * self.steps_per_epoch(worker)
+        return min(steps, self.spec.max_steps) if self.spec.max_steps else steps
+
+    def eval_every(self, worker: int = 0) -> int:
+        return max(1, self.steps_per_epoch(worker) // self.spec.evals_per_epoch)
+
+    def batches(self, worker: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(step, x, y) over the worker's shard, reshuffled each epoch, until total_steps."""
+        shard = self.plan.shards[worker]
+        step = 0
+        for epoch in range(self.epochs):
+            order = np.random.default_rng((self.spec.seed, worker, epoch)).permutation(shard)
+            for start in range(0, len(order), self.batch_size):
+                if step >= self.total_steps(worker):
+                    return
+                idx = np.sort(order[start:start + self.batch_size])
+                yield step, torch.from_numpy(self.data.x_train[idx]), torch.from_numpy(self.data.y_train[idx])
+                step += 1
+
+
+def prepare(spec: RunSpec) -> Prepared:
+    workload = get_workload(spec.workload)
+    data = workload.load_data(spec.seed, spec.data_dir)
+    plan = make_shards(data.y_train, data.x_train, spec.workers, spec.sharding, spec.seed)
+    return Prepared(spec, workload, data, plan,
+                    epochs=spec.epochs or workload.epochs,
+                    batch_size=spec.batch_size or workload.batch_size,
+                    lr=spec.lr or workload.optimizer.lr)
+
+
+def forward_backward(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Zero the gradients, then compute them for one mini-batch; returns the loss."""
+    model.train()
+    for p in model.parameters():
+        p.grad = None
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loss_fn: nn.Module, x: np.ndarray, y: np.ndarray,
+             batch_size: int = 1024) -> tuple[float, float]:
+    """Mean loss and accuracy over (x, y)."""
+    model.eval()
+    total_loss, correct = 0.0, 0
+    for start in range(0, len(x), batch_size):
+        xb = torch.from_numpy(x[start:start + batch_size])
+        yb = torch.from_numpy(y[start:start + batch_size])
+        logits = model(xb)
+        total_loss += float(loss_fn(logits, yb)) * len(yb)
+        correct += int((logits.argmax(1) == yb).sum())
+    return total_loss / len(x), correct / len(x)
+
+
+def evaluate_splits(model: nn.Module, loss_fn: nn.Module, data: Dataset) -> dict[str, tuple[float, float]]:
+    """{'train': (loss, acc), 'val': (loss, acc)}; train on a fixed subset for speed."""
+    n = min(TRAIN_EVAL_EXAMPLES, len(data.x_train))
+    return {"train": evaluate(model, loss_fn, data.x_train[:n], data.y_train[:n]),
+            "val": evaluate(model, loss_fn, data.x_val, data.y_val)}
+
+
+def record_evals(recorder, step: int, results: dict[str, tuple[float, float]], t_wall: float | None = None) -> None:
+    for split, (loss, acc) in results.items():
+        recorder.eval(step, split, loss, acc, t_wall=t_wall)
+
+
+# ---- flat views (for systems that move one buffer per step) ------------------------------
+
+def flat_params(model: nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().astype(np.float32)
+
+
+def flat_grads(model: nn.Module) -> np.ndarray:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in model.parameters()]).numpy().astype(np.float32)
+
+
+@torch.no_grad()
+def set_flat_params(model: nn.Module, flat: np.ndarray) -> None:
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.copy_(torch.from_numpy(np.asarray(flat[offset:offset + n])).view_as(p))
+        offset += n
+
+
+def make_optimizer(model: nn.Module, workload: Workload, lr: float) -> torch.optim.Optimizer:
+    opt = workload.optimizer
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for processes a system starts (workers, servers, Spark executors): this
+    checkout's packages first on PYTHONPATH, one thread each, plus `extra`."""
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env

@@ -1,0 +1,1 @@
+"""`single`: one process, no communication. The ideal that scaling efficiency is measured against."""

@@ -1,0 +1,45 @@
+"""The single-process baseline: plain SGD on one core."""
+from __future__ import annotations
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.base import NoOptions
+from systems.common import (configure_threads, evaluate_splits, forward_backward, make_optimizer, prepare,
+                            record_evals)
+from workloads.errors import ConfigError
+
+
+class SingleSystem:
+    name = "single"
+    description = "one process, one core, no communication (the scaling baseline)"
+    Options = NoOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None
+
+    def run(self, spec: RunSpec, options: NoOptions, recorder: Recorder) -> None:
+        if spec.workers != 1:
+            raise ConfigError(f"system 'single' runs exactly 1 worker, got --workers {spec.workers}")
+        configure_threads(1)
+        prep = prepare(spec)
+        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+        model = prep.build_model()
+        loss_fn = prep.workload.loss_fn()
+        optimizer = make_optimizer(model, prep.workload, prep.lr)
+        every = prep.eval_every()
+        recorder.start_clock()
+        with recorder.paused():
+            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
+        step = 0
+        for step, x, y in prep.batches(0):
+            loss = forward_backward(model, loss_fn, x, y)
+            optimizer.step()
+            recorder.step(0, step, len(y), loss, staleness=None)
+            if (step + 1) % every == 0:
+                with recorder.paused():
+                    record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))
+        if (step + 1) % every != 0:
+            with recorder.paused():
+                record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))
+        recorder.stop_clock()

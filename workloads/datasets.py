@@ -1,0 +1,207 @@
+"""Datasets: real ones a package ships or generates, synthetic ones, and loaders for user files.
+
+Every loader returns a `Dataset` of float32 features and int64 labels, split into train and
+validation, deterministic for a seed. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    x_train: np.ndarray  # float32, shape (n, *input_shape)
+    y_train: np.ndarray  # int64, shape (n,)
+    x_val: np.ndarray
+    y_val: np.ndarray
+    n_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def _split(name: str, x: np.ndarray, y: np.ndarray, n_classes: int, seed: int,
+           val_fraction: float = 0.2) -> Dataset:
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_val = int(round(len(x) * val_fraction))
+    val, train = order[:n_val], order[n_val:]
+    return Dataset(name, np.ascontiguousarray(x[train], dtype=np.float32), y[train].astype(np.int64),
+                   np.ascontiguousarray(x[val], dtype=np.float32), y[val].astype(np.int64), n_classes)
+
+
+def _standardise(x: np.ndarray) -> np.ndarray:
+    mean, std = x.mean(axis=0, keepdims=True), x.std(axis=0, keepdims=True)
+    return (x - mean) / np.where(std > 0, std, 1.0)
+
+
+def load_digits(seed: int, data_dir: Path | None = None) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits (1797 real images, shipped with the package)."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    x = (bunch.data / 16.0).astype(np.float32)
+    return _split("digits", x, bunch.target, 10, seed)
+
+
+def load_mnist1d(seed: int, data_dir: Path | None = None) -> Dataset:
+    """MNIST-1D (Greydanus 2020), generated offline by the `mnist1d` package: 4000/1000 split."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.seed = 42  # the benchmark's canonical data; the run seed only changes order/init
+    data = make_dataset(args)
+    x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
+    y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+    x = _standardise(x)[:, None, :]  # (n, 1, 40): one channel for the 1-D CNN
+    return _split("mnist1d", x, y, 10, seed)
+
+
+def make_synthetic(seed: int, n_samples: int = 4000, n_features: int = 28, n_classes: int = 2,
+                   label_skew: float = 0.0, name: str = "synthetic") -> Dataset:
+    """Gaussian-cluster classification; `label_skew` in [0, 1) makes classes imbalanced
+    (class c gets weight (1 - skew)^c), the stress case for data sharding."""
+    if not 0.0 <= label_skew < 1.0:
+        raise ConfigError(f"label_skew must be in [0, 1), got {label_skew}")
+    from sklearn.datasets import make_classification
+
+    weights = np.array([(1.0 - label_skew) ** c for c in range(n_classes)])
+    weights = weights / weights.sum()
+    x, y = make_classification(n_samples=n_samples, n_features=n_features,
+                               n_informative=max(2, n_features // 2), n_redundant=n_features // 4,
+                               n_classes=n_classes, n_clusters_per_class=2, weights=weights.tolist(),
+                               class_sep=1.0, random_state=seed)
+    return _split(name, _standardise(x.astype(np.float32)), y, n_classes, seed)
+
+
+def load_higgs_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
+    """HIGGS-shaped binary problem (28 features), the thesis' logistic-regression workload."""
+    return make_synthetic(seed, n_samples=20000, n_features=28, n_classes=2, name="higgs-synthetic")
+
+
+def load_skewed_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
+    return make_synthetic(seed, n_samples=4000, n_features=32, n_classes=10, label_skew=0.3,
+                          name="skewed-synthetic")
+
+
+def load_cifar_synthetic(seed: int, data_dir: Path | None = None, n_samples: int = 2048) -> Dataset:
+    """CIFAR-shaped (3x32x32, 10 classes) images for throughput: class-dependent mean patterns
+    plus noise, so the models can still learn something."""
+    rng = np.random.default_rng(seed)
+    patterns = rng.normal(0.0, 1.0, size=(10, 3, 32, 32)).astype(np.float32)
+    y = rng.integers(0, 10, size=n_samples)
+    x = patterns[y] * 0.5 + rng.normal(0.0, 1.0, size=(n_samples, 3, 32, 32)).astype(np.float32)
+    return _split("cifar-synthetic", x, y, 10, seed)
+
+
+# ---- loaders for files a user already has -------------------------------------------------
+
+_MNIST_FILES = {
+    "train_images": ("train-images-idx3-ubyte", "train-images.idx3-ubyte"),
+    "train_labels": ("train-labels-idx1-ubyte", "train-labels.idx1-ubyte"),
+    "test_images": ("t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"),
+    "test_labels": ("t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"),
+}
+
+
+def _find(data_dir: Path, names: tuple[str, ...], what: str) -> Path:
+    for name in names:
+        for candidate in (data_dir / name, data_dir / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    raise ConfigError(f"missing data file for {what}: none of {', '.join(names)} (or .gz) in {data_dir}")
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Parse an IDX file (MNIST's format): magic 0x0000 | dtype | ndim, big-endian dims, data."""
+    opener: Callable = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise ConfigError(f"{path} is not an IDX file (bad magic number)")
+    dtype_code, ndim = raw[2], raw[3]
+    dtypes = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if dtype_code not in dtypes:
+        raise ConfigError(f"{path}: unknown IDX data type 0x{dtype_code:02x}")
+    header_len = 4 + 4 * ndim
+    if len(raw) < header_len:
+        raise ConfigError(f"{path}: truncated IDX header")
+    dims = struct.unpack(f">{ndim}I", raw[4:header_len])
+    dtype = np.dtype(dtypes[dtype_code])
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header_len != expected:
+        raise ConfigError(f"{path}: IDX body has {len(raw) - header_len} bytes, header says {expected}")
+    return np.frombuffer(raw, dtype=dtype, offset=header_len).reshape(dims)
+
+
+def load_mnist_idx(seed: int, data_dir: Path | None = None) -> Dataset:
+    if data_dir is None:
+        raise ConfigError("workload needs --data-dir pointing at MNIST IDX files (train-images-idx3-ubyte, ...)")
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise ConfigError(f"data dir {data_dir} does not exist")
+    arrays = {key: read_idx(_find(data_dir, names, key)) for key, names in _MNIST_FILES.items()}
+    x_train = (arrays["train_images"].astype(np.float32) / 255.0)[:, None, :, :]
+    x_val = (arrays["test_images"].astype(np.float32) / 255.0)[:, None, :, :]
+    return Dataset("mnist", x_train, arrays["train_labels"].astype(np.int64), x_val,
+                   arrays["test_labels"].astype(np.int64), 10)
+
+
+_CIFAR_RECORD = 1 + 3 * 32 * 32
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Parse a CIFAR-10 binary batch: records of 1 label byte + 3072 pixel bytes (CHW)."""
+    raw = path.read_bytes()
+    if len(raw) == 0 or len(raw) % _CIFAR_RECORD:
+        raise ConfigError(f"{path}: size {len(raw)} is not a multiple of the CIFAR-10 record size {_CIFAR_RECORD}")
+    records = np.frombuffer(raw, dtype=np.uint8).reshape(-1, _CIFAR_RECORD)
+    labels = records[:, 0].astype(np.int64)
+    if labels.max() > 9:
+        raise ConfigError(f"{path}: label {labels.max()} out of range 0..9")
+    images = records[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32) / 255.0
+    return images, labels
+
+
+def load_cifar10_bin(seed: int, data_dir: Path | None = None) -> Dataset:
+    if data_dir is None:
+        raise ConfigError("workload needs --data-dir pointing at CIFAR-10 binary files (data_batch_1.bin, ...)")
+    data_dir = Path(data_dir)
+    base = data_dir / "cifar-10-batches-bin" if (data_dir / "cifar-10-batches-bin").is_dir() else data_dir
+    train_files = sorted(base.glob("data_batch_*.bin"))
+    test_file = base / "test_batch.bin"
+    if not train_files or not test_file.is_file():
+        raise ConfigError(f"missing data file: need data_batch_*.bin and test_batch.bin in {base}")
+    parts = [read_cifar_batch(p) for p in train_files]
+    x_val, y_val = read_cifar_batch(test_file)
+    mean = np.array([0.4914, 0.4822, 0.4465], dtype=np.float32)[None, :, None, None]
+    std = np.array([0.2470, 0.2435, 0.2616], dtype=np.float32)[None, :, None, None]
+    x_train = (np.concatenate([p[0] for p in parts]) - mean) / std
+    return Dataset("cifar10", x_train.astype(np.float32), np.concatenate([p[1] for p in parts]),
+                   ((x_val - mean) / std).astype(np.float32), y_val, 10)
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {
+    "digits": load_digits,
+    "mnist1d": load_mnist1d,
+    "higgs-synthetic": load_higgs_synthetic,
+    "skewed-synthetic": load_skewed_synthetic,
+    "cifar-synthetic": load_cifar_synthetic,
+    "mnist": load_mnist_idx,
+    "cifar10": load_cifar10_bin,
+}
+
+
+def load_dataset(name: str, seed: int, data_dir: Path | None = None) -> Dataset:
+    if name not in DATASETS:
+        raise ConfigError(f"unknown dataset '{name}'; choose from: {', '.join(DATASETS)}")
+    return DATASETS[name](seed, data_dir)

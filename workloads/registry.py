@@ -1,0 +1,69 @@
+"""Named workloads: dataset + model + loss + optimizer settings + batch size + epochs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from workloads.datasets import Dataset, load_dataset
+from workloads.errors import ConfigError
+from workloads.models import build_model
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    dataset: str
+    model: str
+    optimizer: OptimizerSettings
+    batch_size: int
+    epochs: int
+    target_accuracy: float  # validation accuracy that time-to-accuracy is measured to
+    loss: str = "cross_entropy"
+    model_options: dict = field(default_factory=dict)
+    description: str = ""
+
+    def load_data(self, seed: int, data_dir: Path | str | None = None) -> Dataset:
+        return load_dataset(self.dataset, seed, Path(data_dir) if data_dir else None)
+
+    def build_model(self, data: Dataset, seed: int) -> nn.Module:
+        return build_model(self.model, data.input_shape, data.n_classes, seed, **self.model_options)
+
+    def loss_fn(self) -> nn.Module:
+        return nn.CrossEntropyLoss()
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in [
+    Workload("logreg-higgs-synthetic", "higgs-synthetic", "logreg", OptimizerSettings(0.1, 0.0), 64, 2, 0.70,
+             description="logistic regression on a HIGGS-shaped synthetic binary problem (Kassela 2019)"),
+    Workload("mlp-higgs-synthetic", "higgs-synthetic", "mlp", OptimizerSettings(0.05, 0.9), 64, 2, 0.75,
+             description="small MLP on the HIGGS-shaped synthetic problem (Kassela 2019)"),
+    Workload("logreg-digits", "digits", "logreg", OptimizerSettings(0.1, 0.9), 32, 5, 0.90,
+             description="logistic regression on scikit-learn digits (real 8x8 images)"),
+    Workload("mlp-digits", "digits", "mlp", OptimizerSettings(0.05, 0.9), 32, 5, 0.90,
+             description="MLP on scikit-learn digits (real 8x8 images)"),
+    Workload("mlp-skewed-synthetic", "skewed-synthetic", "mlp", OptimizerSettings(0.05, 0.9), 32, 5, 0.70,
+             description="MLP on 10-class synthetic data with label skew (sharding stress case)"),
+    Workload("cnn-mnist1d", "mnist1d", "cnn", OptimizerSettings(0.05, 0.9), 32, 8, 0.80,
+             description="1-D CNN on MNIST-1D (Greydanus 2020), generated offline"),
+    Workload("resnet-synthetic", "cifar-synthetic", "resnet", OptimizerSettings(0.05, 0.9, 5e-4), 32, 1, 0.50,
+             description="ResNet-8 on CIFAR-shaped synthetic images (throughput)"),
+    Workload("cnn-mnist", "mnist", "cnn", OptimizerSettings(0.05, 0.9), 64, 2, 0.97,
+             description="CNN on MNIST IDX files from --data-dir"),
+    Workload("resnet-cifar10", "cifar10", "resnet", OptimizerSettings(0.05, 0.9, 5e-4), 128, 10, 0.70,
+             description="ResNet-8 on CIFAR-10 binary files from --data-dir"),
+]}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ConfigError(f"unknown workload '{name}'; choose from: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
