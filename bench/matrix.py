@@ -54,7 +54,10 @@ def load_config(path: Path) -> dict[str, Any]:
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            loaded = yaml.safe_load(text)
+            try:
+                loaded = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
             if not isinstance(loaded, dict):
                 raise ConfigError(f"{path}: the top level must be a mapping")
             return loaded

@@ -49,6 +49,7 @@ class Recorder:
         self.t0: float | None = None  # epoch seconds when training started
         self.t_end: float | None = None
         self._paused_s = 0.0
+        self._pause_start: float | None = None
 
     # ---- the clock ------------------------------------------------------------------------
     def start_clock(self) -> None:
@@ -61,16 +62,18 @@ class Recorder:
     def now(self) -> float:
         if self.t0 is None:
             self.start_clock()
-        return time.time() - self.t0 - self._paused_s
+        current = self._pause_start if self._pause_start is not None else time.time()
+        return current - self.t0 - self._paused_s
 
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Time spent inside (evaluation, say) is not training time."""
-        start = time.time()
+        self._pause_start = time.time()
         try:
             yield
         finally:
-            self._paused_s += time.time() - start
+            self._paused_s += time.time() - self._pause_start
+            self._pause_start = None
 
     # ---- rows -----------------------------------------------------------------------------
     def _ids(self) -> dict[str, Any]:

@@ -6,21 +6,19 @@ from bench.spec import RunSpec
 from systems.base import NoOptions
 from systems.common import (configure_threads, evaluate_splits, forward_backward, make_optimizer, prepare,
                             record_evals)
-from workloads.errors import ConfigError
 
 
 class SingleSystem:
     name = "single"
     description = "one process, one core, no communication (the scaling baseline)"
     Options = NoOptions
+    max_workers = 1
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return None
 
     def run(self, spec: RunSpec, options: NoOptions, recorder: Recorder) -> None:
-        if spec.workers != 1:
-            raise ConfigError(f"system 'single' runs exactly 1 worker, got --workers {spec.workers}")
         configure_threads(1)
         prep = prepare(spec)
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)

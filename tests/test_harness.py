@@ -1,0 +1,160 @@
+"""The harness end to end with the single baseline: CLI, records, atomic results, matrix, resume."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench import cli
+from bench.matrix import expand, load_experiment
+from bench.records import EVAL_COLUMNS, STEP_COLUMNS, Recorder
+from bench.runner import is_complete, run_all
+from bench.spec import RunSpec
+from workloads import ConfigError
+
+
+def _run_dirs(results: Path) -> list[Path]:
+    return [p for p in results.glob("*/*") if p.is_dir()]
+
+
+def test_single_baseline_reaches_90_percent_on_digits(results_dir: Path) -> None:
+    rc = cli.main(["run", "--system", "single", "--workload", "mlp-digits", "--epochs", "4",
+                   "--results-dir", str(results_dir), "--no-progress"])
+    assert rc == 0
+    (run,) = _run_dirs(results_dir)
+    manifest = json.loads((run / "manifest.json").read_text())
+    summary = manifest["summary"]
+    assert summary["final_val_accuracy"] >= 0.90
+    assert summary["samples_per_s"] > 0 and summary["time_to_target_s"] is not None
+    assert manifest["spec"]["system"] == "single" and manifest["versions"]["torch"].startswith("2.13.0")
+    assert manifest["machine"]["cores"] >= 1 and "git_sha" in manifest
+
+
+def test_records_have_the_documented_schema(results_dir: Path) -> None:
+    cli.main(["run", "--system", "single", "--workload", "logreg-digits", "--max-steps", "30",
+              "--results-dir", str(results_dir), "--no-progress"])
+    (run,) = _run_dirs(results_dir)
+    steps, evals = pd.read_csv(run / "steps.csv"), pd.read_csv(run / "evals.csv")
+    assert list(steps.columns) == STEP_COLUMNS and list(evals.columns) == EVAL_COLUMNS
+    assert len(steps) == 30 and steps["step"].tolist() == list(range(30))
+    assert steps["t_wall"].is_monotonic_increasing and (steps["n_samples"] > 0).all()
+    assert set(evals["split"]) == {"train", "val"} and evals["accuracy"].between(0, 1).all()
+    shards = json.loads((run / "shards.json").read_text())
+    assert shards["shard_sizes"] == [steps["n_samples"].sum()] or shards["n_workers"] == 1
+
+
+def test_time_to_target_comes_from_the_first_val_eval_at_target() -> None:
+    rec = Recorder(RunSpec("single", "mlp-digits"), target_accuracy=0.8)
+    rec.start_clock()
+    for step, (t, acc) in enumerate([(1.0, 0.5), (2.0, 0.85), (3.0, 0.95)]):
+        rec.eval(step, "val", 1.0, acc, t_wall=t)
+        rec.eval(step, "train", 1.0, 0.99, t_wall=t)
+    rec.step(0, 0, 10, 1.0, staleness=0, t_wall=0.1)
+    rec.step(1, 0, 10, 1.0, staleness=3, t_wall=0.2)
+    s = rec.summary()
+    assert s["time_to_target_s"] == 2.0 and s["final_val_accuracy"] == 0.95
+    assert s["staleness_max"] == 3 and s["staleness_hist"] == {"0": 1, "3": 1}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--system", "nope", "--workload", "mlp-digits"], "unknown system 'nope'; choose from: single"),
+    (["--system", "single", "--workload", "nope"], "unknown workload 'nope'; choose from:"),
+    (["--system", "single", "--workload", "mlp-digits", "--epochs", "0"], "epochs must be >= 1"),
+    (["--system", "single", "--workload", "mlp-digits", "--sharding", "zigzag"], "unknown sharding 'zigzag'"),
+    (["--system", "single", "--workload", "mlp-digits", "-np", "2"], "at most 1 worker"),
+    (["--system", "single", "--workload", "cnn-mnist"], "give --data-dir"),
+    (["--system", "single", "--workload", "cnn-mnist", "--data-dir", "/nonexistent/x"], "does not exist"),
+    (["--config", "/nonexistent/exp.toml"], "config file /nonexistent/exp.toml does not exist"),
+])
+def test_bad_input_is_one_clear_line_exit_2_and_nothing_written(
+        argv: list[str], message: str, results_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    rc = cli.main(["run", *argv, "--results-dir", str(results_dir), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("psbench: error: ") and message in err[0]
+    assert not results_dir.exists() or not any(results_dir.rglob("*"))
+
+
+def test_a_failed_run_leaves_nothing_half_written(results_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from systems.single import adapter
+
+    def explode(self, spec, options, recorder):
+        recorder.start_clock()
+        recorder.step(0, 0, 1, 1.0)
+        raise RuntimeError("boom mid-run")
+
+    monkeypatch.setattr(adapter.SingleSystem, "run", explode)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_all([RunSpec("single", "mlp-digits")], results_dir, "s", progress=False)
+    assert not _run_dirs(results_dir)
+
+
+def test_finish_replaces_an_older_run_directory_whole(results_dir: Path) -> None:
+    spec = RunSpec("single", "mlp-digits", max_steps=5)
+    first = run_all([spec], results_dir, "s", progress=False)[0]
+    (first.out_dir / "stale.txt").write_text("from the old run")
+    second = run_all([spec], results_dir, "s", progress=False, resume=False)[0]
+    assert second.out_dir == first.out_dir and not (second.out_dir / "stale.txt").exists()
+    assert not list((results_dir / "s").glob(".*"))  # no staging or old dirs left behind
+
+
+def test_matrix_expands_systems_workers_seeds_and_system_options() -> None:
+    config = {
+        "suite": "demo",
+        "matrix": {"system": ["single"], "workload": ["mlp-digits", "logreg-digits"], "seed": [0, 1, 2],
+                   "options": {}},
+        "settings": {"epochs": 1},
+        "quick": {"seed": [0], "max_steps": 5},
+        "exclude": [{"workload": "logreg-digits", "seed": 2}],
+    }
+    full = expand(config)
+    assert len(full.specs) == 5 and {s.epochs for s in full.specs} == {1}
+    quick = expand(config, quick=True)
+    assert len(quick.specs) == 2 and all(s.max_steps == 5 and s.seed == 0 for s in quick.specs)
+    with pytest.raises(ConfigError, match="unknown run setting 'epoch'"):
+        expand({"matrix": {"system": ["single"], "workload": ["mlp-digits"]}, "settings": {"epoch": 1}})
+    with pytest.raises(ConfigError, match="unknown config section"):
+        expand({"matrix": {"system": ["single"], "workload": ["mlp-digits"]}, "setings": {}})
+
+
+def test_config_file_runs_a_matrix_and_resume_skips_completed_runs(
+        tmp_path: Path, results_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "exp.toml"
+    config.write_text('suite = "tiny"\n[matrix]\nsystem = ["single"]\nworkload = ["mlp-digits"]\nseed = [0, 1]\n'
+                      '[settings]\nmax_steps = 5\n')
+    assert cli.main(["run", "--config", str(config), "--results-dir", str(results_dir), "--no-progress"]) == 0
+    experiment = load_experiment(config)
+    assert all(is_complete(results_dir, "tiny", s) for s in experiment.specs)
+    mtimes = {p: (p / "manifest.json").stat().st_mtime_ns for p in _run_dirs(results_dir)}
+    capsys.readouterr()
+    assert cli.main(["run", "--config", str(config), "--results-dir", str(results_dir), "--no-progress"]) == 0
+    assert "2 run(s) of suite 'tiny' already complete" in capsys.readouterr().err
+    assert mtimes == {p: (p / "manifest.json").stat().st_mtime_ns for p in _run_dirs(results_dir)}
+
+
+def test_yaml_configs_work_too(tmp_path: Path) -> None:
+    config = tmp_path / "exp.yaml"
+    config.write_text("suite: y\nmatrix:\n  system: [single]\n  workload: [mlp-digits]\n  seed: [0, 1]\n")
+    assert len(load_experiment(config).specs) == 2
+    config.write_text("suite: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_experiment(config)
+
+
+def test_corrupt_manifest_counts_as_incomplete(results_dir: Path) -> None:
+    spec = RunSpec("single", "mlp-digits", max_steps=3)
+    result = run_all([spec], results_dir, "s", progress=False)[0]
+    (result.out_dir / "manifest.json").write_text("{ not json")
+    assert not is_complete(results_dir, "s", spec)
+
+
+def test_list_and_help_describe_systems_and_workloads(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "single" in out and "mlp-digits" in out and "distribution-aware" in out
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--help"])
+    assert exit_info.value.code == 0
+    assert "--workers" in capsys.readouterr().out

@@ -1,0 +1,121 @@
+"""Workloads: datasets are deterministic and well-formed; file loaders parse files the test writes."""
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from workloads import WORKLOADS, ConfigError, get_workload, load_dataset
+from workloads.datasets import make_synthetic, read_idx
+from workloads.models import build_model
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist1d", "higgs-synthetic", "skewed-synthetic", "cifar-synthetic"])
+def test_builtin_datasets_are_deterministic_and_well_formed(name: str) -> None:
+    a, b = load_dataset(name, seed=3), load_dataset(name, seed=3)
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_val, b.y_val)
+    assert a.x_train.dtype == np.float32 and a.y_train.dtype == np.int64
+    assert len(a.x_train) == len(a.y_train) and len(a.x_val) == len(a.y_val) > 0
+    assert set(np.unique(a.y_train)) <= set(range(a.n_classes))
+    other = load_dataset(name, seed=4)
+    assert not np.array_equal(a.y_train, other.y_train)  # the seed changes the split
+
+
+def test_label_skew_makes_classes_imbalanced() -> None:
+    flat = make_synthetic(0, n_samples=3000, n_features=16, n_classes=5, label_skew=0.0)
+    skewed = make_synthetic(0, n_samples=3000, n_features=16, n_classes=5, label_skew=0.5)
+    flat_counts = np.bincount(flat.y_train, minlength=5)
+    skew_counts = np.bincount(skewed.y_train, minlength=5)
+    assert skew_counts[0] / skew_counts[4] > 5 * flat_counts[0] / flat_counts[4]
+    with pytest.raises(ConfigError, match="label_skew"):
+        make_synthetic(0, label_skew=1.5)
+
+
+@pytest.mark.parametrize("workload", sorted(w for w in WORKLOADS if WORKLOADS[w].dataset not in ("mnist", "cifar10")))
+def test_every_builtin_workload_builds_a_model_that_fits_its_data(workload: str) -> None:
+    w = get_workload(workload)
+    data = w.load_data(seed=0)
+    model = w.build_model(data, seed=0)
+    logits = model(torch.from_numpy(data.x_train[:4]))
+    assert logits.shape == (4, data.n_classes)
+    same = w.build_model(data, seed=0)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), same.parameters()))
+
+
+def test_unknown_names_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown workload 'nope'; choose from: .*mlp-digits"):
+        get_workload("nope")
+    with pytest.raises(ConfigError, match="unknown model"):
+        build_model("transformer", (4,), 2, 0)
+
+
+def _write_idx(path: Path, array: np.ndarray, gz: bool = False) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(payload) if gz else payload)
+
+
+def test_mnist_idx_loader_reads_files_the_test_writes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    train_x, test_x = rng.integers(0, 256, (20, 28, 28)), rng.integers(0, 256, (7, 28, 28))
+    train_y, test_y = rng.integers(0, 10, 20), rng.integers(0, 10, 7)
+    _write_idx(tmp_path / "train-images-idx3-ubyte", train_x)
+    _write_idx(tmp_path / "train-labels-idx1-ubyte", train_y)
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", test_x, gz=True)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte", test_y)
+    data = get_workload("cnn-mnist").load_data(seed=0, data_dir=tmp_path)
+    assert data.x_train.shape == (20, 1, 28, 28) and data.x_val.shape == (7, 1, 28, 28)
+    assert np.allclose(data.x_train[3, 0] * 255, train_x[3])
+    assert np.array_equal(data.y_val, test_y)
+
+
+def test_idx_loader_rejects_truncated_and_foreign_files(tmp_path: Path) -> None:
+    good = tmp_path / "ok"
+    _write_idx(good, np.zeros((2, 3, 3)))
+    truncated = tmp_path / "truncated"
+    truncated.write_bytes(good.read_bytes()[:-4])
+    with pytest.raises(ConfigError, match="header says"):
+        read_idx(truncated)
+    foreign = tmp_path / "foreign"
+    foreign.write_bytes(b"PK\x03\x04 not an idx file")
+    with pytest.raises(ConfigError, match="bad magic"):
+        read_idx(foreign)
+
+
+def test_missing_data_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="missing data file .*train-images-idx3-ubyte"):
+        get_workload("cnn-mnist").load_data(seed=0, data_dir=tmp_path)
+    with pytest.raises(ConfigError, match="--data-dir"):
+        get_workload("cnn-mnist").load_data(seed=0, data_dir=None)
+    with pytest.raises(ConfigError, match="data_batch"):
+        get_workload("resnet-cifar10").load_data(seed=0, data_dir=tmp_path)
+
+
+def test_cifar10_binary_loader_reads_files_the_test_writes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+
+    def batch(n: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+        labels = rng.integers(0, 10, n).astype(np.uint8)
+        pixels = rng.integers(0, 256, (n, 3072)).astype(np.uint8)
+        return np.concatenate([labels[:, None], pixels], axis=1).tobytes(), labels, pixels
+
+    raw1, y1, p1 = batch(5)
+    raw2, y2, _ = batch(4)
+    raw_t, yt, _ = batch(3)
+    folder = tmp_path / "cifar-10-batches-bin"
+    folder.mkdir()
+    (folder / "data_batch_1.bin").write_bytes(raw1)
+    (folder / "data_batch_2.bin").write_bytes(raw2)
+    (folder / "test_batch.bin").write_bytes(raw_t)
+    data = get_workload("resnet-cifar10").load_data(seed=0, data_dir=tmp_path)
+    assert data.x_train.shape == (9, 3, 32, 32) and data.x_val.shape == (3, 3, 32, 32)
+    assert np.array_equal(data.y_train, np.concatenate([y1, y2])) and np.array_equal(data.y_val, yt)
+    # channel 0, pixel 0 of image 0, normalised with CIFAR-10's mean/std
+    assert data.x_train[0, 0, 0, 0] == pytest.approx((p1[0, 0] / 255.0 - 0.4914) / 0.2470, rel=1e-5)
+    (folder / "test_batch.bin").write_bytes(raw_t[:-10])
+    with pytest.raises(ConfigError, match="record size"):
+        get_workload("resnet-cifar10").load_data(seed=0, data_dir=tmp_path)
