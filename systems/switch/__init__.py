@@ -1,0 +1,1 @@
+"""Strategy-Switch: synchronous allreduce first, then asynchronous PS from the same weights."""
