@@ -17,6 +17,7 @@ DEFAULT_RESULTS = Path("results")
 # has add_arguments(parser) and main(args) -> int; imported only when used or for --help.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("bench.netlab", "network namespaces as separate hosts (root): up | down | status | exec"),
+    "simulate": ("bench.simulate", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
 }
 
 
