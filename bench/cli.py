@@ -15,7 +15,10 @@ DEFAULT_RESULTS = Path("results")
 
 # Commands that live beside the code they drive: name -> (module, one-line help). Each module
 # has add_arguments(parser) and main(args) -> int; imported only when used or for --help.
-EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "netlab": ("bench.netlab", "network namespaces as separate hosts (root): up | down | status | exec"),
+    "simulate": ("bench.simulate", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
+}
 
 
 def _system_classes() -> dict[str, type]:
