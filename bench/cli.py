@@ -15,7 +15,10 @@ DEFAULT_RESULTS = Path("results")
 
 # Commands that live beside the code they drive: name -> (module, one-line help). Each module
 # has add_arguments(parser) and main(args) -> int; imported only when used or for --help.
-EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "report": ("bench.report", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
+    "regress": ("bench.regress", "CI regression check of throughput ratios against bench/baselines/regress.json"),
+}
 
 
 def _system_classes() -> dict[str, type]:
@@ -153,7 +156,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_all(experiment.specs, args.results_dir, suite, resume=not args.no_resume,
                           progress=not args.no_progress, skip_unavailable=True)
         _print_summaries([r for r in results if r is not None])
+        _report(Path(args.results_dir) / suite)
     return 0
+
+
+def _report(suite_dir: Path) -> None:
+    """Tables and plots for a suite just run; a suite with no runs (all unavailable) has none."""
+    from bench.report import build_report
+
+    if not any(p.is_dir() and not p.name.startswith(".") and p.name != "plots" for p in suite_dir.glob("*")):
+        print(f"psbench: no runs in {suite_dir}, no report", file=sys.stderr)
+        return
+    report = build_report(suite_dir)
+    print(f"report: {report.markdown} ({len(report.plots)} plots)", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
