@@ -60,10 +60,14 @@ class Styles:
             for i, label in enumerate(sorted(group["label"].unique())):
                 self.variant[label] = i
 
-    def __call__(self, label: str) -> dict:
+    def __call__(self, label: str, sub: int = 0) -> dict:
+        """`sub` numbers the series of one label (other workers or batch sizes): hollow markers."""
         i = self.variant.get(label, 0)
-        return {"color": system_colour(self.system_of.get(label, label)),
-                "linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)]}
+        style = {"color": system_colour(self.system_of.get(label, label)),
+                 "linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)]}
+        if sub:
+            style.update(markerfacecolor="white", linewidth=1.0 + 0.6 * (sub % 2))
+        return style
 
 
 # ---- helpers -----------------------------------------------------------------------------
@@ -76,14 +80,17 @@ DIM_FORMAT: dict[str, Callable[[object], str]] = {
 }
 
 
-def series(df: pd.DataFrame, dims: list[str]) -> Iterator[tuple[str, str, pd.DataFrame]]:
+def series(df: pd.DataFrame, dims: list[str]) -> Iterator[tuple[str, str, pd.DataFrame, int]]:
     """Split runs into plotted series: one per label and per value of each of `dims` that varies
-    within df; the name names only what varies. Yields (name, label, rows)."""
+    within df; the name names only what varies. Yields (name, label, rows, k), k numbering the
+    series of one label."""
     varying = [d for d in dims if d in df.columns and df[d].nunique() > 1]
+    sub: dict[str, int] = {}
     for key, rows in df.groupby(["label"] + varying, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         extra = [DIM_FORMAT.get(d, str)(v) for d, v in zip(varying, key[1:])]
-        yield (key[0] + (f", {', '.join(extra)}" if extra else "")), key[0], rows
+        k = sub[key[0]] = sub.get(key[0], -1) + 1
+        yield (key[0] + (f", {', '.join(extra)}" if extra else "")), key[0], rows, k
 
 
 def _facets(n: int, width: float = 6.0, height: float = 4.2) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -144,6 +151,15 @@ def log2_x(ax: plt.Axes, ticks) -> None:
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
+def one_sharding(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Throughput and convergence plots compare systems, not shardings: when a suite varies the
+    sharding, keep random (the baseline) or else the most common strategy, and say so."""
+    if runs.empty or runs["sharding"].nunique() < 2:
+        return runs, ""
+    keep = "random" if (runs["sharding"] == "random").any() else runs["sharding"].mode().iloc[0]
+    return runs[runs["sharding"] == keep], f", {keep} sharding"
+
+
 def first_seed(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.sort_values("seed").groupby(
         ["label", "workload", "workers", "batch_size", "sharding"], sort=False).head(1)
@@ -161,50 +177,51 @@ def _suite_title(res: SuiteResults, text: str) -> str:
 # ---- the plots ---------------------------------------------------------------------------
 
 def throughput_vs_workers(res: SuiteResults, out_dir: Path) -> list[Path]:
-    runs = res.runs.dropna(subset=["samples_per_s"])
+    runs, note = one_sharding(res.runs.dropna(subset=["samples_per_s"]))
     if runs.empty or runs["workers"].nunique() < 2:
         return []
     style = Styles(res.runs)
     workloads = sorted(runs["workload"].unique())
     fig, axes = _facets(len(workloads))
     for ax, workload in zip(axes, workloads):
-        for name, label, rows in series(runs[runs["workload"] == workload], ["batch_size", "sharding"]):
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["batch_size", "sharding"]):
             agg = rows.groupby("workers")["samples_per_s"].agg(["mean", "std"]).reset_index()
-            ax.errorbar(agg["workers"], agg["mean"], yerr=agg["std"].fillna(0), capsize=3, label=name, **style(label))
+            ax.errorbar(agg["workers"], agg["mean"], yerr=agg["std"].fillna(0), capsize=3, label=name, **style(label, k))
         log2_x(ax, runs["workers"].unique())
         ax.set(title=workload, xlabel="workers (processes)", ylabel="throughput (samples/s)")
         legend(ax)
-    fig.suptitle(_suite_title(res, "Throughput vs workers (mean ± sd over seeds)"))
+    fig.suptitle(_suite_title(res, f"Throughput vs workers (mean ± sd over seeds{note})"))
     return save(fig, out_dir, "throughput_vs_workers")
 
 
 def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
     """Per-mini-batch time vs batch size, log-log: the shape of Kassela et al. 2019's figure."""
-    runs = res.runs.dropna(subset=["mean_step_s"])
+    runs, note = one_sharding(res.runs.dropna(subset=["mean_step_s"]))
     if runs.empty or runs.groupby("label")["batch_size"].nunique().max() < 2:
         return []
     style = Styles(res.runs)
     workloads = sorted(runs["workload"].unique())
     fig, axes = _facets(len(workloads))
     for ax, workload in zip(axes, workloads):
-        for name, label, rows in series(runs[runs["workload"] == workload], ["workers", "sharding"]):
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding"]):
             agg = rows.groupby("batch_size")["mean_step_s"].median().reset_index()
             if len(agg) < 2:
                 continue
             reduction = agg["mean_step_s"].iloc[-1] / agg["mean_step_s"].iloc[0]
-            ax.plot(agg["batch_size"], agg["mean_step_s"] * 1000, label=f"{name} ({reduction:.2f}x)", **style(label))
+            ax.plot(agg["batch_size"], agg["mean_step_s"] * 1000, label=f"{name} ({reduction:.2f}x)", **style(label, k))
         log2_x(ax, runs["batch_size"].unique())
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
         ax.set(title=workload, xlabel="mini-batch size per worker (examples)", ylabel="time per mini-batch (ms)")
         legend(ax, title="system (cost at largest ÷ smallest batch)")
-    fig.suptitle(_suite_title(res, "Per-mini-batch time vs batch size (log-log; cf. Kassela et al. 2019)"))
+    fig.suptitle(_suite_title(res, f"Per-mini-batch time vs batch size (log-log{note}; cf. Kassela et al. 2019)"))
     return save(fig, out_dir, "step_time_vs_batch")
 
 
 def time_to_accuracy(res: SuiteResults, out_dir: Path) -> list[Path]:
-    runs = first_seed(res.runs)
+    runs, note = one_sharding(res.runs)
+    runs = first_seed(runs)
     val = _val_curves(res, runs["run_id"])
     if val.empty:
         return []
@@ -213,18 +230,18 @@ def time_to_accuracy(res: SuiteResults, out_dir: Path) -> list[Path]:
     fig, axes = _facets(len(workloads))
     for ax, workload in zip(axes, workloads):
         rows_w = runs[runs["workload"] == workload]
-        for name, label, rows in series(rows_w, ["workers", "batch_size", "sharding"]):
+        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
             run_id = rows["run_id"].iloc[0]
             curve = val[val["run_id"] == run_id]
             ax.plot(curve["t_wall"], curve["accuracy"], label=name, markevery=max(1, len(curve) // 8),
-                    markersize=4, **style(label))
+                    markersize=4, **style(label, k))
         target = rows_w["target_accuracy"].dropna()
         if len(target):
             ax.axhline(target.iloc[0], color="black", linewidth=0.8, linestyle=(0, (4, 4)),
                        label=f"target {target.iloc[0]:.2f}")
         ax.set(title=workload, xlabel="training wall time (s)", ylabel="validation accuracy")
         legend(ax)
-    fig.suptitle(_suite_title(res, "Time to accuracy (first seed of each configuration)"))
+    fig.suptitle(_suite_title(res, f"Time to accuracy (first seed of each configuration{note})"))
     return save(fig, out_dir, "time_to_accuracy")
 
 
@@ -251,7 +268,8 @@ def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
-    table = scaling_table(res.runs)
+    runs, note = one_sharding(res.runs)
+    table = scaling_table(runs)
     table = table[(table["system"] != "single") & table["efficiency"].notna()]
     if table.empty or (table["workers"] > 1).sum() == 0:
         return []
@@ -259,15 +277,15 @@ def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
     workloads = sorted(table["workload"].unique())
     fig, axes = _facets(len(workloads))
     for ax, workload in zip(axes, workloads):
-        for name, label, rows in series(table[table["workload"] == workload], ["batch_size", "sharding"]):
+        for name, label, rows, k in series(table[table["workload"] == workload], ["batch_size", "sharding"]):
             rows = rows.sort_values("workers")
-            ax.plot(rows["workers"], rows["efficiency"], label=name, **style(label))
+            ax.plot(rows["workers"], rows["efficiency"], label=name, **style(label, k))
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle=(0, (4, 4)), label="ideal (linear)")
         log2_x(ax, table["workers"].unique())
         ax.set_ylim(bottom=0)
         ax.set(title=workload, xlabel="workers (processes)", ylabel="scaling efficiency (samples/s ÷ (N × single))")
         legend(ax)
-    fig.suptitle(_suite_title(res, "Scaling efficiency"))
+    fig.suptitle(_suite_title(res, f"Scaling efficiency{note.replace(', ', ' (', 1) + ')' if note else ''}"))
     return save(fig, out_dir, "scaling_efficiency")
 
 
@@ -280,7 +298,7 @@ def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
     style = Styles(res.runs)
     groups = list(series(steps, ["workload", "workers"]))
     fig, axes = _facets(len(groups), width=4.8, height=3.6)
-    for ax, (name, label, rows) in zip(axes, groups):
+    for ax, (name, label, rows, _) in zip(axes, groups):
         values = rows["staleness"].astype(int).to_numpy()
         counts = np.bincount(values)
         ax.bar(np.arange(len(counts)), counts / counts.sum(), color=style(label)["color"], width=0.85)
@@ -305,10 +323,10 @@ def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
     for ax, workload in zip(axes, workloads):
         rows_w = first_seed(res.runs.merge(setups[setups["workload"] == workload], on=alike))
         val = _val_curves(res, rows_w["run_id"])
-        for name, label, rows in series(rows_w, ["workers", "batch_size", "sharding"]):
+        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
             run_id = rows["run_id"].iloc[0]
             curve = val[val["run_id"] == run_id]
-            st = style(label)
+            st = style(label, k)
             ax.plot(curve["t_wall"], curve["accuracy"], label=name, markevery=max(1, len(curve) // 8),
                     markersize=4, **st)
             for _, ev in switches[switches["run_id"] == run_id].iterrows():
@@ -367,7 +385,7 @@ def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
     fig, axes = _facets(len(metrics), width=5.5, height=4.0)
     width = 0.8 / len(groups)
     for ax, (metric, title) in zip(axes, metrics):
-        for g, (name, label, rows) in enumerate(groups):
+        for g, (name, label, rows, _) in enumerate(groups):
             data = [rows.loc[rows["sharding"] == s, metric].dropna().to_numpy() for s in strategies]
             positions = [i + (g - (len(groups) - 1) / 2) * width for i in range(len(strategies))]
             keep = [(d, p) for d, p in zip(data, positions) if len(d)]
