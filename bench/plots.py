@@ -300,9 +300,10 @@ def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
     fig, axes = _facets(len(groups), width=4.8, height=3.6)
     for ax, (name, label, rows, _) in zip(axes, groups):
         values = rows["staleness"].astype(int).to_numpy()
-        counts = np.bincount(values)
-        ax.bar(np.arange(len(counts)), counts / counts.sum(), color=style(label)["color"], width=0.85)
-        ax.set_xlim(-0.6, max(3, int(steps["staleness"].max())) + 0.6)  # one x range: panels compare
+        levels, counts = np.unique(values, return_counts=True)
+        ax.bar(levels, counts / counts.sum(), color=style(label)["color"], width=0.85)
+        ax.set_xlim(min(0, int(steps["staleness"].min())) - 0.6,  # one x range: panels compare
+                    max(3, int(steps["staleness"].max())) + 0.6)
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set(title=f"{name}\nmean {values.mean():.2f}, p95 {np.percentile(values, 95):.0f}, max {values.max()}",
                xlabel="staleness (server versions behind)", ylabel="fraction of updates")
