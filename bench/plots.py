@@ -93,8 +93,8 @@ def series(df: pd.DataFrame, dims: list[str]) -> Iterator[tuple[str, str, pd.Dat
         yield (key[0] + (f", {', '.join(extra)}" if extra else "")), key[0], rows, k
 
 
-def _facets(n: int, width: float = 6.0, height: float = 4.2) -> tuple[plt.Figure, list[plt.Axes]]:
-    cols = min(n, 3)
+def _facets(n: int, width: float = 6.0, height: float = 4.2, cols: int = 3) -> tuple[plt.Figure, list[plt.Axes]]:
+    cols = min(n, cols)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
     flat = list(axes.flat)
@@ -383,7 +383,7 @@ def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
     style = Styles(res.runs)
     strategies = _strategy_order(runs["sharding"].unique())
     groups = list(series(runs, ["workload", "workers", "batch_size"]))
-    fig, axes = _facets(len(metrics), width=5.5, height=4.0)
+    fig, axes = _facets(len(metrics), width=5.5, height=4.0, cols=2)
     width = 0.8 / len(groups)
     for ax, (metric, title) in zip(axes, metrics):
         for g, (name, label, rows, _) in enumerate(groups):
