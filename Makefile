@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick clean
+.PHONY: setup test bench bench-quick regress clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/psbench bench --quick --results-dir $(RESULTS)
+
+# Throughput ratios vs bench/baselines/regress.json; non-zero exit on a regression beyond tolerance.
+regress: setup
+	$(BIN)/psbench regress --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

@@ -18,6 +18,8 @@ DEFAULT_RESULTS = Path("results")
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("bench.netlab", "network namespaces as separate hosts (root): up | down | status | exec"),
     "simulate": ("bench.simulate", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
+    "report": ("bench.report", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
+    "regress": ("bench.regress", "CI regression check of throughput ratios against bench/baselines/regress.json"),
 }
 
 
@@ -156,7 +158,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results = run_all(experiment.specs, args.results_dir, suite, resume=not args.no_resume,
                           progress=not args.no_progress, skip_unavailable=True)
         _print_summaries([r for r in results if r is not None])
+        _report(Path(args.results_dir) / suite)
     return 0
+
+
+def _report(suite_dir: Path) -> None:
+    """Tables and plots for a suite just run; a suite with no runs (all unavailable) has none."""
+    from bench.report import build_report
+
+    if not any(p.is_dir() and not p.name.startswith(".") and p.name != "plots" for p in suite_dir.glob("*")):
+        print(f"psbench: no runs in {suite_dir}, no report", file=sys.stderr)
+        return
+    report = build_report(suite_dir)
+    print(f"report: {report.markdown} ({len(report.plots)} plots)", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

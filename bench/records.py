@@ -39,6 +39,8 @@ class Recorder:
 
     def __init__(self, spec: RunSpec, target_accuracy: float | None = None):
         self.spec = spec
+        # run_id hashes the spec (~15 us): computed once, not on every recorded step.
+        self._id_fields = {"run_id": spec.run_id, "system": spec.system, "workload": spec.workload}
         self.target_accuracy = target_accuracy
         self.steps: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
@@ -77,7 +79,7 @@ class Recorder:
 
     # ---- rows -----------------------------------------------------------------------------
     def _ids(self) -> dict[str, Any]:
-        return {"run_id": self.spec.run_id, "system": self.spec.system, "workload": self.spec.workload}
+        return dict(self._id_fields)
 
     def step(self, worker: int, step: int, n_samples: int, loss: float, staleness: int | None = None,
              nbytes: int | None = None, t_wall: float | None = None) -> None:
@@ -99,7 +101,7 @@ class Recorder:
               t_wall: float | None = None, **detail: Any) -> None:
         import json
 
-        self.events.append({"run_id": self.spec.run_id, "kind": kind,
+        self.events.append({"run_id": self._id_fields["run_id"], "kind": kind,
                             "t_wall": self.now() if t_wall is None else t_wall, "step": step, "worker": worker,
                             "detail": json.dumps(detail, sort_keys=True, default=str)})
 

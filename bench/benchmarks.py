@@ -1,0 +1,54 @@
+"""Ratio benchmarks of the harness itself (registered in bench.regress.RATIO_BENCHMARKS).
+
+Each function measures two things side by side in this process and returns their ratio, so the
+figure means the same on a fast and a slow machine; bench.regress repeats it and takes the median.
+"""
+from __future__ import annotations
+
+import time
+
+from bench.records import Recorder
+from bench.runner import plan
+from bench.spec import RunSpec
+from systems.common import configure_threads, forward_backward, make_optimizer, prepare
+from workloads import get_workload
+
+_warm = False
+
+
+def _bare_loop_samples_per_s(spec: RunSpec) -> float:
+    """Plain torch: the same model, optimizer and batches as the `single` system, nothing else."""
+    prep = prepare(spec)
+    model = prep.build_model()
+    loss_fn = prep.workload.loss_fn()
+    optimizer = make_optimizer(model, prep.workload, prep.lr)
+    samples = 0
+    start = time.perf_counter()
+    for _, x, y in prep.batches(0):
+        forward_backward(model, loss_fn, x, y)
+        optimizer.step()
+        samples += len(y)
+    return samples / (time.perf_counter() - start)
+
+
+def _harness_samples_per_s(spec: RunSpec) -> float:
+    """The `single` system through the harness: planned, recorded, evaluations paused off the clock."""
+    planned = plan(spec)
+    recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
+    planned.system_cls().run(spec, planned.options, recorder)
+    return float(recorder.summary()["samples_per_s"])
+
+
+def harness_overhead(quick: bool = False) -> dict[str, float]:
+    """samples/s of `single` through the harness ÷ a bare torch loop (1.0 = no overhead; higher is better)."""
+    global _warm
+    configure_threads(1)
+    spec = RunSpec("single", "mlp-digits", epochs=100, max_steps=600 if quick else 2000, evals_per_epoch=1)
+    if not _warm:  # first-call costs (allocator, lazy imports) belong to neither side
+        _bare_loop_samples_per_s(RunSpec("single", "mlp-digits", max_steps=50))
+        _warm = True
+    # Bare runs on both sides of the harness run: a drift in machine load hits both sides alike.
+    bare_before = _bare_loop_samples_per_s(spec)
+    harness = _harness_samples_per_s(spec)
+    bare_after = _bare_loop_samples_per_s(spec)
+    return {"single_vs_bare_loop": harness / ((bare_before + bare_after) / 2)}

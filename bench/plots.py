@@ -1,0 +1,458 @@
+"""Thesis-style plots of one suite (PNG + SVG under results/<suite>/plots/).
+
+Every plot function takes a SuiteResults and the plots folder, draws only when the suite holds
+the data it needs, and returns the files it wrote ([] when it drew nothing). One colour per
+system in every plot (PALETTE); variants of a system (e.g. 'ps (asp)' vs 'ps (bsp)') share the
+colour and differ in line style and marker.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Callable, Iterator
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.ticker  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from bench.atomic import atomic_write  # noqa: E402
+from bench.results import SuiteResults  # noqa: E402
+
+plt.rcParams.update({"svg.hashsalt": "psbench", "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
+                     "axes.spines.top": False, "axes.spines.right": False, "legend.fontsize": 8})
+
+PALETTE: dict[str, str] = {
+    "single": "#4d4d4d",
+    "ps": "#1f77b4",
+    "ddp": "#ff7f0e",
+    "horovod": "#2ca02c",
+    "spark-mllib": "#d62728",
+    "spark-barrier": "#9467bd",
+    "spark": "#8c564b",
+    "switch": "#e377c2",
+    "strategy-switch": "#e377c2",
+}
+FALLBACK_COLOURS = ["#17becf", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
+                    "#e6550d", "#31a354"]
+LINESTYLES = ["-", "--", ":", "-."]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def system_colour(system: str) -> str:
+    """The fixed colour of a system; unknown names get a stable colour from a hash of the name."""
+    if system in PALETTE:
+        return PALETTE[system]
+    return FALLBACK_COLOURS[zlib.crc32(system.encode()) % len(FALLBACK_COLOURS)]
+
+
+class Styles:
+    """Colour by system, line style and marker by variant: the same label looks alike in every plot."""
+
+    def __init__(self, runs: pd.DataFrame):
+        self.system_of = dict(zip(runs["label"], runs["system"]))
+        self.variant: dict[str, int] = {}
+        for system, group in runs.groupby("system"):
+            for i, label in enumerate(sorted(group["label"].unique())):
+                self.variant[label] = i
+
+    def __call__(self, label: str, sub: int = 0) -> dict:
+        """`sub` numbers the series of one label (other workers or batch sizes): hollow markers."""
+        i = self.variant.get(label, 0)
+        style = {"color": system_colour(self.system_of.get(label, label)),
+                 "linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)]}
+        if sub:
+            style.update(markerfacecolor="white", linewidth=1.0 + 0.6 * (sub % 2))
+        return style
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+DIM_FORMAT: dict[str, Callable[[object], str]] = {
+    "workers": lambda v: f"{v} worker{'s' if v != 1 else ''}",
+    "batch_size": lambda v: f"b={v}",
+    "sharding": str,
+    "workload": str,
+}
+
+
+def series(df: pd.DataFrame, dims: list[str]) -> Iterator[tuple[str, str, pd.DataFrame, int]]:
+    """Split runs into plotted series: one per label and per value of each of `dims` that varies
+    within df; the name names only what varies. Yields (name, label, rows, k), k numbering the
+    series of one label."""
+    varying = [d for d in dims if d in df.columns and df[d].nunique() > 1]
+    sub: dict[str, int] = {}
+    for key, rows in df.groupby(["label"] + varying, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        extra = [DIM_FORMAT.get(d, str)(v) for d, v in zip(varying, key[1:])]
+        k = sub[key[0]] = sub.get(key[0], -1) + 1
+        yield (key[0] + (f", {', '.join(extra)}" if extra else "")), key[0], rows, k
+
+
+def _facets(n: int, width: float = 6.0, height: float = 4.2, cols: int = 3) -> tuple[plt.Figure, list[plt.Axes]]:
+    cols = min(n, cols)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def save(fig: plt.Figure, out_dir: Path, name: str) -> list[Path]:
+    out_dir = Path(out_dir)
+    paths = []
+    fig.tight_layout()
+    _place_legends(fig)
+    for fmt in ("png", "svg"):
+        path = out_dir / f"{name}.{fmt}"
+        atomic_write(path, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight",
+                                                               metadata={"Date": None} if fmt == "svg" else None))
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def legend(ax: plt.Axes, **kwargs) -> None:
+    """Mark an axes for a legend; `save` places them once the figure is complete."""
+    ax.figure._psbench_legend = kwargs  # type: ignore[attr-defined]
+    ax._psbench_legend = True  # type: ignore[attr-defined]
+
+
+def _place_legends(fig: plt.Figure) -> None:
+    """One panel: its own legend, beside it when long. Several panels: one legend for the figure,
+    beside them (the series are the same systems in every panel)."""
+    kwargs = getattr(fig, "_psbench_legend", {})
+    marked = [ax for ax in fig.axes if getattr(ax, "_psbench_legend", False)]
+    if len(marked) == 1:
+        ax = marked[0]
+        n = len(ax.get_legend_handles_labels()[0])
+        if n > 5:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), **kwargs)
+        elif n:
+            ax.legend(**kwargs)
+    elif marked:
+        seen: dict[str, object] = {}
+        for ax in marked:
+            for handle, text in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(text, handle)
+        fig.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.0, 0.95), **kwargs)
+
+
+def log2_x(ax: plt.Axes, ticks) -> None:
+    """Log-2 x axis labelled with the plain values (workers, batch sizes)."""
+    ticks = sorted(int(t) for t in ticks)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def one_sharding(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Throughput and convergence plots compare systems, not shardings: when a suite varies the
+    sharding, keep random (the baseline) or else the most common strategy, and say so."""
+    if runs.empty or runs["sharding"].nunique() < 2:
+        return runs, ""
+    keep = "random" if (runs["sharding"] == "random").any() else runs["sharding"].mode().iloc[0]
+    return runs[runs["sharding"] == keep], f", {keep} sharding"
+
+
+def first_seed(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs.sort_values("seed").groupby(
+        ["label", "workload", "workers", "batch_size", "sharding"], sort=False).head(1)
+
+
+def _val_curves(res: SuiteResults, run_ids) -> pd.DataFrame:
+    val = res.evals[(res.evals["split"] == "val") & (res.evals["run_id"].isin(list(run_ids)))]
+    return val.sort_values(["run_id", "t_wall"])
+
+
+def _suite_title(res: SuiteResults, text: str) -> str:
+    return f"{text} — suite '{res.suite}'"
+
+
+# ---- the plots ---------------------------------------------------------------------------
+
+def throughput_vs_workers(res: SuiteResults, out_dir: Path) -> list[Path]:
+    runs, note = one_sharding(res.runs.dropna(subset=["samples_per_s"]))
+    if runs.empty or runs["workers"].nunique() < 2:
+        return []
+    style = Styles(res.runs)
+    workloads = sorted(runs["workload"].unique())
+    fig, axes = _facets(len(workloads))
+    for ax, workload in zip(axes, workloads):
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["batch_size", "sharding"]):
+            agg = rows.groupby("workers")["samples_per_s"].agg(["mean", "std"]).reset_index()
+            ax.errorbar(agg["workers"], agg["mean"], yerr=agg["std"].fillna(0), capsize=3, label=name, **style(label, k))
+        log2_x(ax, runs["workers"].unique())
+        ax.set(title=workload, xlabel="workers (processes)", ylabel="throughput (samples/s)")
+        legend(ax)
+    fig.suptitle(_suite_title(res, f"Throughput vs workers (mean ± sd over seeds{note})"))
+    return save(fig, out_dir, "throughput_vs_workers")
+
+
+def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
+    """Per-mini-batch time vs batch size, log-log: the shape of Kassela et al. 2019's figure."""
+    runs, note = one_sharding(res.runs.dropna(subset=["mean_step_s"]))
+    if runs.empty or runs.groupby("label")["batch_size"].nunique().max() < 2:
+        return []
+    style = Styles(res.runs)
+    workloads = sorted(runs["workload"].unique())
+    fig, axes = _facets(len(workloads))
+    for ax, workload in zip(axes, workloads):
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding"]):
+            agg = rows.groupby("batch_size")["mean_step_s"].median().reset_index()
+            if len(agg) < 2:
+                continue
+            reduction = agg["mean_step_s"].iloc[-1] / agg["mean_step_s"].iloc[0]
+            ax.plot(agg["batch_size"], agg["mean_step_s"] * 1000, label=f"{name} ({reduction:.2f}x)", **style(label, k))
+        log2_x(ax, runs["batch_size"].unique())
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+        ax.set(title=workload, xlabel="mini-batch size per worker (examples)", ylabel="time per mini-batch (ms)")
+        legend(ax, title="system (cost at largest ÷ smallest batch)")
+    fig.suptitle(_suite_title(res, f"Per-mini-batch time vs batch size (log-log{note}; cf. Kassela et al. 2019)"))
+    return save(fig, out_dir, "step_time_vs_batch")
+
+
+def time_to_accuracy(res: SuiteResults, out_dir: Path) -> list[Path]:
+    runs, note = one_sharding(res.runs)
+    runs = first_seed(runs)
+    val = _val_curves(res, runs["run_id"])
+    if val.empty:
+        return []
+    style = Styles(res.runs)
+    workloads = sorted(runs[runs["run_id"].isin(val["run_id"])]["workload"].unique())
+    fig, axes = _facets(len(workloads))
+    for ax, workload in zip(axes, workloads):
+        rows_w = runs[runs["workload"] == workload]
+        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
+            run_id = rows["run_id"].iloc[0]
+            curve = val[val["run_id"] == run_id]
+            ax.plot(curve["t_wall"], curve["accuracy"], label=name, markevery=max(1, len(curve) // 8),
+                    markersize=4, **style(label, k))
+        target = rows_w["target_accuracy"].dropna()
+        if len(target):
+            ax.axhline(target.iloc[0], color="black", linewidth=0.8, linestyle=(0, (4, 4)),
+                       label=f"target {target.iloc[0]:.2f}")
+        ax.set(title=workload, xlabel="training wall time (s)", ylabel="validation accuracy")
+        legend(ax)
+    fig.suptitle(_suite_title(res, f"Time to accuracy (first seed of each configuration{note})"))
+    return save(fig, out_dir, "time_to_accuracy")
+
+
+def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean samples/s per (workload, label, batch, sharding, workers) with speed-up and scaling
+    efficiency against the `single` system on the same workload and batch size, or else the
+    variant's own 1-worker runs. Efficiency = samples/s at N / (N * single samples/s)."""
+    runs = runs.dropna(subset=["samples_per_s"])
+    keys = ["workload", "label", "system", "batch_size", "sharding", "workers"]
+    agg = runs.groupby(keys, dropna=False)["samples_per_s"].mean().reset_index()
+    single = agg[agg["system"] == "single"].groupby(["workload", "batch_size"])["samples_per_s"].mean()
+    own = agg[agg["workers"] == 1].groupby(["workload", "label", "batch_size", "sharding"])["samples_per_s"].mean()
+
+    def base(row: pd.Series) -> float:
+        if (row["workload"], row["batch_size"]) in single.index:
+            return float(single.loc[(row["workload"], row["batch_size"])])
+        key = (row["workload"], row["label"], row["batch_size"], row["sharding"])
+        return float(own.loc[key]) if key in own.index else np.nan
+
+    agg["baseline_samples_per_s"] = agg.apply(base, axis=1) if len(agg) else []
+    agg["speedup"] = agg["samples_per_s"] / agg["baseline_samples_per_s"]
+    agg["efficiency"] = agg["speedup"] / agg["workers"]
+    return agg
+
+
+def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
+    runs, note = one_sharding(res.runs)
+    table = scaling_table(runs)
+    table = table[(table["system"] != "single") & table["efficiency"].notna()]
+    if table.empty or (table["workers"] > 1).sum() == 0:
+        return []
+    style = Styles(res.runs)
+    workloads = sorted(table["workload"].unique())
+    fig, axes = _facets(len(workloads))
+    for ax, workload in zip(axes, workloads):
+        for name, label, rows, k in series(table[table["workload"] == workload], ["batch_size", "sharding"]):
+            rows = rows.sort_values("workers")
+            ax.plot(rows["workers"], rows["efficiency"], label=name, **style(label, k))
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle=(0, (4, 4)), label="ideal (linear)")
+        log2_x(ax, table["workers"].unique())
+        ax.set_ylim(bottom=0)
+        ax.set(title=workload, xlabel="workers (processes)", ylabel="scaling efficiency (samples/s ÷ (N × single))")
+        legend(ax)
+    fig.suptitle(_suite_title(res, f"Scaling efficiency{note.replace(', ', ' (', 1) + ')' if note else ''}"))
+    return save(fig, out_dir, "scaling_efficiency")
+
+
+def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
+    steps = res.steps.dropna(subset=["staleness"])
+    if steps.empty:
+        return []
+    steps = steps.drop(columns=["system", "workload"]).merge(
+        res.runs[["run_id", "label", "workers", "workload", "batch_size", "sharding"]], on="run_id")
+    style = Styles(res.runs)
+    groups = list(series(steps, ["workload", "workers"]))
+    fig, axes = _facets(len(groups), width=4.8, height=3.6)
+    for ax, (name, label, rows, _) in zip(axes, groups):
+        values = rows["staleness"].astype(int).to_numpy()
+        levels, counts = np.unique(values, return_counts=True)
+        ax.bar(levels, counts / counts.sum(), color=style(label)["color"], width=0.85)
+        ax.set_xlim(min(0, int(steps["staleness"].min())) - 0.6,  # one x range: panels compare
+                    max(3, int(steps["staleness"].max())) + 0.6)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set(title=f"{name}\nmean {values.mean():.2f}, p95 {np.percentile(values, 95):.0f}, max {values.max()}",
+               xlabel="staleness (server versions behind)", ylabel="fraction of updates")
+    fig.suptitle(_suite_title(res, "Staleness of applied updates (pooled over workers and seeds)"))
+    return save(fig, out_dir, "staleness_hist")
+
+
+def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
+    switches = res.events[res.events["kind"] == "switch"]
+    if switches.empty:
+        return []
+    switch_runs = res.runs[res.runs["run_id"].isin(switches["run_id"])]
+    style = Styles(res.runs)
+    workloads = sorted(switch_runs["workload"].unique())
+    fig, axes = _facets(len(workloads), width=7.0, height=4.6)
+    alike = ["workload", "workers", "batch_size", "sharding"]  # compare with runs set up alike
+    setups = switch_runs[alike].drop_duplicates()
+    for ax, workload in zip(axes, workloads):
+        rows_w = first_seed(res.runs.merge(setups[setups["workload"] == workload], on=alike))
+        val = _val_curves(res, rows_w["run_id"])
+        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
+            run_id = rows["run_id"].iloc[0]
+            curve = val[val["run_id"] == run_id]
+            st = style(label, k)
+            ax.plot(curve["t_wall"], curve["accuracy"], label=name, markevery=max(1, len(curve) // 8),
+                    markersize=4, **st)
+            for _, ev in switches[switches["run_id"] == run_id].iterrows():
+                acc = np.interp(ev["t_wall"], curve["t_wall"], curve["accuracy"]) if len(curve) else np.nan
+                ax.axvline(ev["t_wall"], color=st["color"], linewidth=1, linestyle=(0, (2, 2)))
+                ax.plot([ev["t_wall"]], [acc], marker="*", markersize=14, color=st["color"],
+                        markeredgecolor="black", linestyle="none")
+                ax.annotate(_switch_text(ev), (ev["t_wall"], acc), textcoords="offset points", xytext=(6, -14),
+                            fontsize=8)
+        target = rows_w["target_accuracy"].dropna()
+        if len(target):
+            ax.axhline(target.iloc[0], color="black", linewidth=0.8, linestyle=(0, (4, 4)),
+                       label=f"target {target.iloc[0]:.2f}")
+        ax.set(title=workload, xlabel="training wall time (s)", ylabel="validation accuracy")
+        legend(ax)
+    fig.suptitle(_suite_title(res, "Strategy-Switch: sync → async (★ = switch)"))
+    return save(fig, out_dir, "strategy_switch")
+
+
+def _switch_text(event: pd.Series) -> str:
+    try:
+        detail = json.loads(event["detail"]) if isinstance(event["detail"], str) else {}
+    except json.JSONDecodeError:
+        detail = {}
+    rule = detail.get("criterion") or detail.get("rule") or detail.get("reason")
+    step = f" @ step {int(event['step'])}" if pd.notna(event.get("step")) else ""
+    return f"switch{step}" + (f" ({rule})" if rule else "")
+
+
+SHARDING_METRICS = [("final_train_loss", "final training loss"), ("final_val_loss", "final validation loss"),
+                    ("final_train_accuracy", "final training accuracy"),
+                    ("final_val_accuracy", "final validation accuracy")]
+
+
+SHARDING_GROUP = ["workload", "label", "workers", "batch_size"]
+
+
+def sharding_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs of sharding comparisons: configurations (all but the sharding alike) run under several
+    strategies, at least one of them over several seeds."""
+    def compared(group: pd.DataFrame) -> bool:
+        return group["sharding"].nunique() >= 2 and group.groupby("sharding")["seed"].nunique().max() >= 2
+
+    keep = [g for _, g in runs.groupby(SHARDING_GROUP) if compared(g)]
+    return pd.concat(keep) if keep else runs.iloc[0:0]
+
+
+def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
+    runs = sharding_runs(res.runs)
+    metrics = [(m, t) for m, t in SHARDING_METRICS if m in runs.columns and runs[m].notna().any()]
+    if runs.empty or not metrics:
+        return []
+    style = Styles(res.runs)
+    strategies = _strategy_order(runs["sharding"].unique())
+    groups = list(series(runs, ["workload", "workers", "batch_size"]))
+    fig, axes = _facets(len(metrics), width=5.5, height=4.0, cols=2)
+    width = 0.8 / len(groups)
+    for ax, (metric, title) in zip(axes, metrics):
+        for g, (name, label, rows, _) in enumerate(groups):
+            data = [rows.loc[rows["sharding"] == s, metric].dropna().to_numpy() for s in strategies]
+            positions = [i + (g - (len(groups) - 1) / 2) * width for i in range(len(strategies))]
+            keep = [(d, p) for d, p in zip(data, positions) if len(d)]
+            if not keep:
+                continue
+            colour = style(label)["color"]
+            ax.boxplot([d for d, _ in keep], positions=[p for _, p in keep], widths=width * 0.8, patch_artist=True,
+                       boxprops={"facecolor": colour, "alpha": 0.45, "edgecolor": colour},
+                       medianprops={"color": "black"}, whiskerprops={"color": colour}, capprops={"color": colour},
+                       flierprops={"markeredgecolor": colour})
+            for d, p in keep:  # the seeds themselves: 5 points say more than a box alone
+                ax.scatter(np.full(len(d), p), d, s=10, color=colour, zorder=3)
+            ax.plot([], [], color=colour, linewidth=6, alpha=0.45, label=name)
+        ax.set_xticks(range(len(strategies)), strategies, rotation=15)
+        unit = "accuracy (fraction)" if "accuracy" in metric else "loss (cross-entropy)"
+        ax.set(title=title, xlabel="sharding strategy", ylabel=unit)
+        legend(ax)
+    fig.suptitle(_suite_title(res, "Sharding variability over seeds (cf. Provatas et al. 2021)"))
+    return save(fig, out_dir, "sharding_variance")
+
+
+def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
+    counts = res.shard_counts.merge(res.runs[["run_id", "workload", "workers", "sharding"]], on="run_id")
+    counts = counts[counts["workers"] >= 2]
+    if counts.empty:
+        return []
+    panels = [(w, s) for w in sorted(counts["workload"].unique())
+              for s in _strategy_order(counts[counts["workload"] == w]["sharding"].unique())]
+    fig, axes = _facets(len(panels), width=5.0, height=3.6)
+    for ax, (workload, strategy) in zip(axes, panels):
+        rows = counts[(counts["workload"] == workload) & (counts["sharding"] == strategy)]
+        classes = sorted(rows["class"].unique())
+        data = [rows.loc[rows["class"] == c, "count"].to_numpy() for c in classes]
+        ax.boxplot(data, positions=range(len(classes)), widths=0.6, patch_artist=True,
+                   boxprops={"facecolor": "#9ecae1"}, medianprops={"color": "black"})
+        ax.set_xticks(range(len(classes)), [str(c) for c in classes])
+        n_workers = sorted(rows["workers"].unique())
+        ax.set(title=f"{workload}: {strategy} ({'/'.join(map(str, n_workers))} workers)",
+               xlabel="class", ylabel="examples per worker")
+    fig.suptitle(_suite_title(res, "Per-class examples per worker shard (spread over workers and seeds)"))
+    return save(fig, out_dir, "shard_class_counts")
+
+
+def _strategy_order(strategies) -> list[str]:
+    order = {"random": 0, "stratified": 1}
+    return sorted(strategies, key=lambda s: (order.get(s, 2), s))
+
+
+PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {
+    "throughput_vs_workers": throughput_vs_workers,
+    "step_time_vs_batch": step_time_vs_batch,
+    "time_to_accuracy": time_to_accuracy,
+    "scaling_efficiency": scaling_efficiency,
+    "staleness_hist": staleness_hist,
+    "strategy_switch": strategy_switch,
+    "sharding_variance": sharding_variance,
+    "shard_class_counts": shard_class_counts,
+}
+
+
+def draw_all(res: SuiteResults, out_dir: Path | None = None) -> dict[str, list[Path]]:
+    """Draw every plot the suite has data for; returns name -> files written."""
+    out_dir = Path(out_dir) if out_dir else res.path / "plots"
+    drawn = {}
+    for name, plot in PLOTS.items():
+        paths = plot(res, out_dir)
+        if paths:
+            drawn[name] = paths
+    return drawn

@@ -1,0 +1,238 @@
+"""`psbench regress`: CI regression check of throughput, by ratios measured side by side.
+
+A benchmark is a function returning {metric: ratio} (e.g. PS samples/s ÷ single samples/s, measured
+in the same run), so its value carries across machines and loads where an absolute time would not.
+Each is repeated and the median kept; the medians are compared with bench/baselines/regress.json
+(value, tolerance and direction per metric, and the machine it was measured on).
+
+Adding a benchmark is one line in RATIO_BENCHMARKS:
+    "name": "package.module:function"   one function; metrics are 'name.<key>'
+    "name": "package.module"            every ratio_* function in the module; 'name.<fn>.<key>'
+A function may take `quick: bool`; a value may be a float (higher is better) or a Ratio that
+declares lower-is-better.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.atomic import atomic_write_json
+from workloads.errors import ConfigError
+
+RATIO_BENCHMARKS: dict[str, str] = {
+    "harness_overhead": "bench.benchmarks:harness_overhead",
+}
+DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "regress.json"
+DEFAULT_TOLERANCE = 0.25
+DEFAULT_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Ratio:
+    value: float
+    higher_is_better: bool = True
+
+
+@dataclass(frozen=True)
+class Measured:
+    value: float  # median over repeats
+    higher_is_better: bool
+    samples: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str
+    baseline: float | None
+    measured: float | None
+    change: float | None  # (measured - baseline) / baseline
+    tolerance: float
+    status: str  # ok | REGRESSION | improved | new | not measured
+    samples: tuple[float, ...] = ()  # the repeats behind `measured`, when known
+
+
+# ---- running -------------------------------------------------------------------------------
+
+def resolve(name: str) -> list[tuple[str, Callable[..., dict[str, Any]]]]:
+    """(metric prefix, function) pairs for one registry entry."""
+    target = RATIO_BENCHMARKS[name]
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    if attr:
+        return [(name, getattr(module, attr))]
+    found = [(f"{name}.{fn_name[len('ratio_'):]}", fn) for fn_name, fn in sorted(vars(module).items())
+             if fn_name.startswith("ratio_") and callable(fn)]
+    if not found:
+        raise ConfigError(f"benchmark '{name}': module {module_name} has no ratio_* functions")
+    return found
+
+
+def _call(fn: Callable[..., dict[str, Any]], quick: bool) -> dict[str, Any]:
+    return fn(quick=quick) if "quick" in inspect.signature(fn).parameters else fn()
+
+
+def measure(names: list[str], quick: bool = False, repeats: int = DEFAULT_REPEATS,
+            log: Callable[[str], None] = lambda s: None) -> dict[str, Measured]:
+    """Run each benchmark `repeats` times; the median of each metric tames noise from other load."""
+    out: dict[str, Measured] = {}
+    for name in names:
+        for prefix, fn in resolve(name):
+            start = time.perf_counter()
+            samples: dict[str, list[float]] = {}
+            direction: dict[str, bool] = {}
+            for _ in range(repeats):
+                for key, value in _call(fn, quick).items():
+                    ratio = value if isinstance(value, Ratio) else Ratio(float(value))
+                    samples.setdefault(f"{prefix}.{key}", []).append(float(ratio.value))
+                    direction[f"{prefix}.{key}"] = ratio.higher_is_better
+            for metric, values in samples.items():
+                out[metric] = Measured(statistics.median(values), direction[metric], tuple(values))
+            log(f"{prefix}: {repeats} repeat(s) in {time.perf_counter() - start:.1f}s")
+    return out
+
+
+# ---- comparing -----------------------------------------------------------------------------
+
+def compare(baseline: dict[str, Any], measured: dict[str, float | Measured | Ratio],
+            tolerance: float | None = None) -> list[Row]:
+    """Rows for every metric in either side. `baseline` is a baseline file's content (or just its
+    'metrics' mapping: metric -> {value, tolerance?, higher_is_better?}). `tolerance`, if given,
+    overrides every metric's own; else the metric's, else the file's default, else 0.25.
+    A regression is a change against the metric's direction by more than its tolerance."""
+    metrics = baseline.get("metrics", baseline) if isinstance(baseline, dict) else {}
+    default = baseline.get("default_tolerance", DEFAULT_TOLERANCE) if "metrics" in baseline else DEFAULT_TOLERANCE
+    rows = []
+    for metric in sorted(set(metrics) | set(measured)):
+        base = metrics.get(metric)
+        tol = tolerance if tolerance is not None else float((base or {}).get("tolerance", default))
+        got = measured.get(metric)
+        value = None if got is None else float(got.value if isinstance(got, (Measured, Ratio)) else got)
+        samples = got.samples if isinstance(got, Measured) else ()
+        if base is None:
+            rows.append(Row(metric, None, value, None, tol, "new", samples))
+            continue
+        if value is None:
+            rows.append(Row(metric, float(base["value"]), None, None, tol, "not measured"))
+            continue
+        higher = bool(base.get("higher_is_better", True))
+        change = (value - float(base["value"])) / float(base["value"])
+        worse = -change if higher else change
+        status = "REGRESSION" if worse > tol else ("improved" if -worse > tol else "ok")
+        rows.append(Row(metric, float(base["value"]), value, change, tol, status, samples))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("metric", "baseline", "measured", "repeats (min-max)", "change %", "tolerance", "status")
+    cells = [header] + [(r.metric, _num(r.baseline), _num(r.measured),
+                         f"{len(r.samples)} ({min(r.samples):.3f}-{max(r.samples):.3f})" if r.samples else "",
+                         "" if r.change is None else f"{r.change * 100:+.1f}%", f"±{r.tolerance * 100:.0f}%",
+                         r.status) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = ["  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(header)))
+             for c in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+# ---- the baseline file -----------------------------------------------------------------------
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no baseline file {path}; measure one with `psbench regress --update-baseline`")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: corrupt baseline, not valid JSON ({exc})") from None
+    metrics = data.get("metrics") if isinstance(data, dict) else None
+    if not isinstance(metrics, dict) or not all(
+            isinstance(m, dict) and isinstance(m.get("value"), (int, float)) and m["value"] > 0
+            for m in metrics.values()):
+        raise ConfigError(f"{path}: a baseline needs 'metrics': {{name: {{'value': > 0, 'tolerance'?, "
+                          f"'higher_is_better'?}}}}")
+    return data
+
+
+def updated_baseline(old: dict[str, Any] | None, measured: dict[str, Measured], quick: bool,
+                     tolerance: float | None) -> dict[str, Any]:
+    from bench.records import git_sha, machine, versions
+
+    old = old or {}
+    metrics = dict(old.get("metrics", {}))
+    for metric, m in measured.items():
+        keep_tol = metrics.get(metric, {}).get("tolerance", old.get("default_tolerance", DEFAULT_TOLERANCE))
+        metrics[metric] = {"value": round(m.value, 6), "higher_is_better": m.higher_is_better,
+                           "tolerance": tolerance if tolerance is not None else keep_tol,
+                           "samples": [round(v, 6) for v in m.samples]}
+    return {
+        "about": "psbench regress baseline: ratios measured side by side in one run (no absolute times). "
+                 "Update with `psbench regress --update-baseline` on a quiet machine.",
+        "default_tolerance": old.get("default_tolerance", DEFAULT_TOLERANCE),
+        "sizes": "quick" if quick else "full",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(), "versions": {k: v for k, v in versions().items() if v}, "git_sha": git_sha(),
+        "metrics": dict(sorted(metrics.items())),
+    }
+
+
+# ---- CLI ---------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true", help="small sizes (CI)")
+    p.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE, help=f"baseline JSON (default {DEFAULT_BASELINE})")
+    p.add_argument("--tolerance", type=float, help="allowed fractional change against a metric's direction, "
+                   "overriding the baseline's per-metric tolerance (e.g. 0.25)")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"runs per benchmark, median kept "
+                   f"(default {DEFAULT_REPEATS})")
+    p.add_argument("--update-baseline", action="store_true", help="write the measured medians into the baseline")
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help=f"run only this benchmark (repeatable): {', '.join(RATIO_BENCHMARKS)}")
+
+
+def main(args: argparse.Namespace) -> int:
+    names = args.only or list(RATIO_BENCHMARKS)
+    unknown = [n for n in names if n not in RATIO_BENCHMARKS]
+    if unknown:
+        raise ConfigError(f"unknown benchmark(s) {', '.join(unknown)}; choose from: {', '.join(RATIO_BENCHMARKS)}")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.tolerance is not None and not 0 < args.tolerance < 10:
+        raise ConfigError(f"--tolerance is a fraction (e.g. 0.25), got {args.tolerance}")
+    baseline = None
+    if not args.update_baseline or Path(args.baseline).is_file():
+        baseline = load_baseline(args.baseline)
+    log = lambda s: print(f"psbench regress: {s}", file=sys.stderr)  # noqa: E731
+    measured = measure(names, quick=args.quick, repeats=args.repeats, log=log)
+    if args.update_baseline:
+        atomic_write_json(args.baseline, updated_baseline(baseline, measured, args.quick, args.tolerance))
+        print(format_table(compare(load_baseline(args.baseline), measured, args.tolerance)))
+        print(f"baseline written: {args.baseline}")
+        return 0
+    assert baseline is not None
+    if args.only:  # metrics of benchmarks not run are not compared
+        prefixes = tuple(f"{n}." for n in names)
+        baseline = {**baseline, "metrics": {k: v for k, v in baseline["metrics"].items() if k.startswith(prefixes)}}
+    rows = compare(baseline, measured, args.tolerance)
+    print(format_table(rows))
+    base_machine = baseline.get("machine") or {}
+    if base_machine:
+        print(f"baseline measured on {base_machine.get('cores')} cores, {base_machine.get('processor')}, "
+              f"{baseline.get('measured_at', '?')} ({baseline.get('sizes', '?')} sizes)")
+    regressions = [r.metric for r in rows if r.status == "REGRESSION"]
+    if regressions:
+        print(f"psbench regress: REGRESSION in {', '.join(regressions)}", file=sys.stderr)
+        return 1
+    return 0

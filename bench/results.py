@@ -1,0 +1,206 @@
+"""Read a suite folder results/<suite>/ back into pandas frames, for plots, reports and tables.
+
+A suite folder holds one directory per run (the layout bench.records writes) plus what the
+report writes (plots/, report.md, report.html). Anything else, or a run whose files do not
+parse, is a ConfigError naming the file: a report built on half-read data would mislead.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS
+from workloads.errors import ConfigError
+
+REPORT_OUTPUTS = {"plots", "report.md", "report.html"}  # written by bench.report into the suite folder
+RUN_FILES = {"manifest.json", "steps.csv", "evals.csv", "events.csv", "shards.json"}
+SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps"]
+CSV_FILES = {"steps.csv": STEP_COLUMNS, "evals.csv": EVAL_COLUMNS, "events.csv": EVENT_COLUMNS}
+
+
+@dataclass
+class SuiteResults:
+    """Every run of one suite. `runs` has one row per run: spec fields, options as opt_<name>,
+    summary fields, and `label` (the system plus the options that tell its variants apart)."""
+    suite: str
+    path: Path
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    evals: pd.DataFrame
+    events: pd.DataFrame
+    shard_counts: pd.DataFrame  # run_id, worker, class, count (from shards.json)
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def systems(self) -> list[str]:
+        return sorted(self.runs["system"].unique())
+
+    @property
+    def labels(self) -> list[str]:
+        return sorted(self.runs["label"].unique())
+
+    def option_columns(self) -> list[str]:
+        return [c for c in self.runs.columns if c.startswith("opt_")]
+
+
+def load_suite(path: Path | str) -> SuiteResults:
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"results folder {path} does not exist (give results/<suite>)")
+    run_dirs: list[Path] = []
+    for entry in sorted(path.iterdir()):
+        if entry.name.startswith(".") or entry.name in REPORT_OUTPUTS:
+            continue  # staging/old run dirs, atomic-write temp files, our own outputs
+        if entry.is_dir() and (entry / "manifest.json").is_file():
+            run_dirs.append(entry)
+        elif entry.is_dir() and any(child.is_dir() and (child / "manifest.json").is_file()
+                                    for child in entry.iterdir()):
+            raise ConfigError(f"{path} looks like a results root ({entry.name}/ is a suite); "
+                              f"give one suite folder, e.g. {entry}")
+        else:
+            raise ConfigError(f"{entry}: not a psbench run folder (no manifest.json); a suite folder holds only "
+                              f"run folders and {', '.join(sorted(REPORT_OUTPUTS))}")
+    if not run_dirs:
+        raise ConfigError(f"{path} holds no completed runs (no <run>/manifest.json)")
+
+    manifests: dict[str, dict[str, Any]] = {}
+    rows: list[dict[str, Any]] = []
+    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in CSV_FILES}
+    shard_rows: list[dict[str, Any]] = []
+    for run_dir in run_dirs:
+        manifest = _read_manifest(run_dir / "manifest.json")
+        run_id = manifest["run_id"]
+        if run_id in manifests:
+            raise ConfigError(f"{run_dir / 'manifest.json'}: run_id {run_id} appears twice in {path}")
+        manifests[run_id] = manifest
+        rows.append(_run_row(manifest, run_dir))
+        for name, columns in CSV_FILES.items():
+            if (run_dir / name).is_file():
+                frames[name].append(_read_csv(run_dir / name, columns, run_id))
+        if (run_dir / "shards.json").is_file():
+            shard_rows.extend(_shard_rows(run_dir / "shards.json", run_id))
+
+    runs = pd.DataFrame(rows)
+    runs = _fill_defaults(runs)
+    runs["label"] = variant_labels(runs)
+    return SuiteResults(
+        suite=path.name, path=path, runs=runs.sort_values(["system", "label", "workers", "seed"]).reset_index(drop=True),
+        steps=_concat(frames["steps.csv"], STEP_COLUMNS), evals=_concat(frames["evals.csv"], EVAL_COLUMNS),
+        events=_concat(frames["events.csv"], EVENT_COLUMNS),
+        shard_counts=pd.DataFrame(shard_rows, columns=["run_id", "worker", "class", "count"]),
+        manifests=manifests)
+
+
+# ---- reading one run ---------------------------------------------------------------------
+
+def _read_manifest(file: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: corrupt manifest, not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict) or "psbench_manifest" not in manifest:
+        raise ConfigError(f"{file}: not a psbench manifest (no 'psbench_manifest' key)")
+    missing = [k for k in ("run_id", "spec", "summary") if not isinstance(manifest.get(k), (str, dict))]
+    if missing or not isinstance(manifest["spec"], dict) or not isinstance(manifest["summary"], dict):
+        raise ConfigError(f"{file}: corrupt manifest, missing or malformed {', '.join(missing) or 'spec/summary'}")
+    for key in ("system", "workload"):
+        if not isinstance(manifest["spec"].get(key), str):
+            raise ConfigError(f"{file}: corrupt manifest, spec has no {key}")
+    return manifest
+
+
+def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    spec = manifest["spec"]
+    row: dict[str, Any] = {"run_id": manifest["run_id"], "dir": str(run_dir)}
+    for key in SPEC_COLUMNS:
+        row[key] = spec.get(key)
+    for key, value in sorted((spec.get("options") or {}).items()):
+        row[f"opt_{key}"] = value
+    for key, value in manifest["summary"].items():
+        if not isinstance(value, (dict, list)):  # staleness_hist is re-derived from steps
+            row[key] = value
+    extra = manifest.get("extra") or {}
+    row["setup_s"] = extra.get("setup_s")
+    row["git_sha"] = manifest.get("git_sha")
+    return row
+
+
+def _read_csv(file: Path, columns: list[str], run_id: str) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(file)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame(columns=columns)
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{file}: corrupt CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"{file}: not a psbench {file.name}, missing column(s) {', '.join(missing)}")
+    if len(frame) and set(frame["run_id"].astype(str)) != {run_id}:
+        raise ConfigError(f"{file}: rows belong to another run than {run_id}")
+    for col in ("t_wall", "loss", "accuracy", "staleness", "bytes", "n_samples", "step"):
+        if col in frame.columns:
+            converted = pd.to_numeric(frame[col], errors="coerce")
+            if converted.isna().sum() > frame[col].isna().sum():
+                raise ConfigError(f"{file}: column {col} holds non-numeric values")
+            frame[col] = converted
+    return frame[columns]
+
+
+def _shard_rows(file: Path, run_id: str) -> list[dict[str, Any]]:
+    try:
+        report = json.loads(file.read_text())
+        counts = report["class_counts"]
+        return [{"run_id": run_id, "worker": w, "class": c, "count": int(n)}
+                for w, per_class in enumerate(counts) for c, n in enumerate(per_class)]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{file}: corrupt shard report ({type(exc).__name__}: {exc})") from None
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def _fill_defaults(runs: pd.DataFrame) -> pd.DataFrame:
+    """Spec fields left None mean 'the workload's default': make batch size concrete so sweeps plot."""
+    from workloads import WORKLOADS
+
+    def default_batch(row: pd.Series) -> Any:
+        if pd.notna(row["batch_size"]):
+            return int(row["batch_size"])
+        workload = WORKLOADS.get(row["workload"])
+        return workload.batch_size if workload else None
+
+    runs = runs.copy()
+    runs["batch_size"] = runs.apply(default_batch, axis=1) if len(runs) else runs["batch_size"]
+    runs["workers"] = runs["workers"].astype(int)
+    runs["seed"] = runs["seed"].astype(int)
+    runs["sharding"] = runs["sharding"].fillna("random")
+    return runs
+
+
+# ---- labels ------------------------------------------------------------------------------
+
+def variant_labels(runs: pd.DataFrame) -> pd.Series:
+    """'ps (asp)': the system plus the options whose values differ between that system's runs in
+    this suite. A string value stands alone; others read key=value (e.g. 'ps (ssp, bound=3)')."""
+    option_cols = [c for c in runs.columns if c.startswith("opt_")]
+    varying: dict[str, list[str]] = {}
+    for system, group in runs.groupby("system"):
+        varying[system] = [c for c in option_cols
+                           if group[c].astype(str).nunique(dropna=False) > 1]
+
+    def label(row: pd.Series) -> str:
+        parts = []
+        for col in varying[row["system"]]:
+            value = row[col]
+            if value is None or (isinstance(value, float) and pd.isna(value)):
+                continue
+            parts.append(str(value) if isinstance(value, str) else f"{col[4:]}={value}")
+        return f"{row['system']} ({', '.join(parts)})" if parts else str(row["system"])
+
+    return runs.apply(label, axis=1) if len(runs) else pd.Series(dtype=str)
