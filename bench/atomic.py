@@ -18,6 +18,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; results and reports are meant to be shared
     try:
         write(tmp)
         with open(tmp, "rb") as f:
