@@ -15,7 +15,10 @@ DEFAULT_RESULTS = Path("results")
 
 # Commands that live beside the code they drive: name -> (module, one-line help). Each module
 # has add_arguments(parser) and main(args) -> int; imported only when used or for --help.
-EXTRA_COMMANDS: dict[str, tuple[str, str]] = {}
+EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
+    "ps-server": ("systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
+    "ps-worker": ("systems.ps.worker", "run one parameter-server worker against running shards"),
+}
 
 
 def _system_classes() -> dict[str, type]:
