@@ -127,7 +127,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                             if opt.momentum else None)
                 stats = admin.stats()
                 admin.shutdown()
-        cluster.wait_servers()
+                cluster.wait_workers()
+                cluster.wait_servers()
     with recorder.paused():
         steps: dict[int, int] = {}
         for w, rep in sorted(reports.items()):

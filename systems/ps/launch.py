@@ -185,14 +185,18 @@ class Cluster:
             if msg.op == "worker_done":
                 reports[msg.worker] = WorkerReport(msg.worker, msg.extra["rows"], list(msg.extra["snapshot_steps"]),
                                                    list(msg.extra["snapshot_t"]), [a.copy() for a in msg.arrays])
+        return reports
+
+    def wait_workers(self, timeout_s: float = 30.0) -> None:
+        """After collect: let the workers exit (off the training clock); a non-zero exit is an error."""
+        deadline = time.monotonic() + timeout_s
         for c in self.children:
             if c.role == "worker":
                 try:
-                    c.proc.wait(timeout=30)
+                    c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
         self._check_children()
-        return reports
 
     def wait_servers(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s

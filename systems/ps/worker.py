@@ -158,43 +158,50 @@ class WorkerResult:
     snapshots: list[np.ndarray] = field(default_factory=list)  # flat params pulled at those steps
 
 
-def train(prep, kv: KVWorker, worker_id: int, t0: float, start_step: int = 0, snapshots: bool = False,
-          fail_at_step: int | None = None) -> WorkerResult:
-    """Pull, then per mini-batch: forward/backward, push the gradients, take the fresh parameters
+class Trainer:
+    """A worker's training loop. `__init__` does the set-up (model, views) before the clock starts;
+    `run` pulls, then per mini-batch: forward/backward, push the gradients, take the fresh parameters
     from the reply. With `snapshots`, keep a copy of the parameters every eval_every steps (the
     launcher evaluates them off the clock)."""
-    from systems.common import forward_backward
 
-    model = prep.build_model()
-    loss_fn = prep.workload.loss_fn()
-    params = list(model.parameters())
-    views = [p.detach().numpy() for p in params]  # the model's weights, shared memory
+    def __init__(self, prep, kv: KVWorker, worker_id: int, start_step: int = 0, snapshots: bool = False,
+                 fail_at_step: int | None = None):
+        self.prep, self.kv, self.worker_id = prep, kv, worker_id
+        self.start_step, self.snapshots, self.fail_at_step = start_step, snapshots, fail_at_step
+        self.model = prep.build_model()
+        self.loss_fn = prep.workload.loss_fn()
+        self.params = list(self.model.parameters())
+        self.views = [p.detach().numpy() for p in self.params]  # the model's weights, shared memory
 
-    def load(tensors: dict[int, np.ndarray]) -> None:
+    def load(self, tensors: dict[int, np.ndarray]) -> None:
         for k, a in tensors.items():
-            np.copyto(views[k], a)
+            np.copyto(self.views[k], a)
 
-    tensors, _ = kv.pull(step=start_step)
-    load(tensors)
-    every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
-    cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
-    out = WorkerResult(cols)
-    for step, x, y in itertools.islice(prep.batches(worker_id), start_step, None):
-        if fail_at_step is not None and step == fail_at_step:
-            raise RuntimeError(f"injected failure in worker {worker_id} at step {step}")
-        loss = forward_backward(model, loss_fn, x, y)
-        grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
-        reply = kv.push_pull(grads, step)
-        load(reply.params)
-        t = time.time() - t0
-        for name, value in zip(cols, (step, t, len(y), loss, reply.staleness, reply.nbytes)):
-            cols[name].append(value)
-        if snapshots and (step + 1) % every == 0 and step + 1 < last:
-            out.snapshot_steps.append(step + 1)
-            out.snapshot_t.append(t)
-            out.snapshots.append(np.concatenate([v.reshape(-1) for v in views]))
-    kv.bye()
-    return out
+    def run(self, t0: float) -> WorkerResult:
+        from systems.common import forward_backward
+
+        prep, kv, worker_id, params = self.prep, self.kv, self.worker_id, self.params
+        tensors, _ = kv.pull(step=self.start_step)
+        self.load(tensors)
+        every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
+        cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
+        out = WorkerResult(cols)
+        for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
+            if self.fail_at_step is not None and step == self.fail_at_step:
+                raise RuntimeError(f"injected failure in worker {worker_id} at step {step}")
+            loss = forward_backward(self.model, self.loss_fn, x, y)
+            grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
+            reply = kv.push_pull(grads, step)
+            self.load(reply.params)
+            t = time.time() - t0
+            for name, value in zip(cols, (step, t, len(y), loss, reply.staleness, reply.nbytes)):
+                cols[name].append(value)
+            if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
+                out.snapshot_steps.append(step + 1)
+                out.snapshot_t.append(t)
+                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views]))
+        kv.bye()
+        return out
 
 
 # ---- the process entry point ----------------------------------------------------------------
@@ -253,15 +260,15 @@ def main(args: argparse.Namespace) -> int:
         if args.init:
             kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
         del model
+        trainer = Trainer(prep, kv, args.worker_id, args.start_step, args.snapshots, args.fail_at_step)
         if args.control:
             from systems.ps.launch import WorkerControl
 
             with WorkerControl(args.control, args.worker_id, token, args.parent_pid) as ctl:
-                t0 = ctl.wait_go()
-                result = train(prep, kv, args.worker_id, t0, args.start_step, args.snapshots, args.fail_at_step)
+                result = trainer.run(ctl.wait_go())
                 ctl.done(result)
         else:
-            result = train(prep, kv, args.worker_id, time.time(), args.start_step, args.snapshots, args.fail_at_step)
+            result = trainer.run(time.time())
     if args.out:
         from bench.atomic import atomic_write_json
 
