@@ -86,3 +86,31 @@ def test_worker_failure_fails_the_run_naming_the_worker_and_leaves_no_processes(
     with pytest.raises(LaunchError, match=r"ps worker 1 failed(.|\n)*injected failure in worker 1 at step 3"):
         run_ps_phase(prepare(spec), PSOptions(consistency="bsp"), Recorder(spec), fail_worker_at=(1, 3))
     assert not no_children()
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from systems.common import child_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
+                             "-np", "2", "--epochs", "200", "--results-dir", str(tmp_path), "--no-progress"],
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 90
+    family: list[psutil.Process] = []
+    while time.monotonic() < deadline:  # wait until the 1 server and 2 workers are up
+        family = parent.children(recursive=True)
+        if len(family) >= 3:
+            break
+        time.sleep(0.2)
+    assert len(family) >= 3, "the run never started its processes"
+    time.sleep(3)  # let the workers train for a bit
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    gone, alive = psutil.wait_procs(family, timeout=5)
+    assert not alive, f"left running: {alive}"

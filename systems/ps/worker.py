@@ -43,6 +43,7 @@ class KVWorker:
         import zmq
 
         self.worker_id = worker_id
+        self.parent_pid: int | None = None  # set by a launched worker: stop waiting if the launcher dies
         self.token = token
         self.timeout_ms = int(timeout_s * 1000)
         self.max_bytes = max_bytes
@@ -76,14 +77,26 @@ class KVWorker:
             nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
         replies: dict[int, protocol.Message] = {}
         for j in requests:
-            if not self.sockets[j].poll(self.timeout_ms):
-                raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
-                                       f"{self.timeout_ms / 1000:.0f}s")
+            self._wait(j)
             frames = self.sockets[j].recv_multipart(copy=False)
             msg = protocol.decode(frames, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
             replies[j] = protocol.check_error(msg, f"server shard {j} ({self.addresses[j]})")
             nbytes += msg.nbytes
         return replies, nbytes
+
+    def _wait(self, j: int) -> None:
+        """Block until shard j answers; give up after the timeout or when our launcher is gone."""
+        if self.sockets[j].poll(min(self.timeout_ms, 1000)):
+            return
+        waited = 1000
+        while waited < self.timeout_ms:
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
+            if self.sockets[j].poll(1000):
+                return
+            waited += 1000
+        raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
+                               f"{self.timeout_ms / 1000:.0f}s")
 
     def _by_shard(self, keys: Sequence[int], arrays: Sequence[np.ndarray] | None = None) -> dict[int, tuple[list, list]]:
         owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
@@ -259,6 +272,7 @@ def main(args: argparse.Namespace) -> int:
     with KVWorker(addresses, args.worker_id, shapes, token, args.timeout_s) as kv:
         if args.init:
             kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
+        kv.parent_pid = args.parent_pid
         del model
         trainer = Trainer(prep, kv, args.worker_id, args.start_step, args.snapshots, args.fail_at_step)
         if args.control:
