@@ -50,6 +50,7 @@ class KVWorker:
         self.addresses = list(addresses)
         self.shapes = [tuple(s) for s in shapes]
         self.layout = partition_keys([math.prod(s) for s in self.shapes], len(self.addresses))
+        self.owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
         self.ctx = zmq.Context.instance()
         self.sockets = []
         for addr in self.addresses:
@@ -99,7 +100,7 @@ class KVWorker:
                                f"{self.timeout_ms / 1000:.0f}s")
 
     def _by_shard(self, keys: Sequence[int], arrays: Sequence[np.ndarray] | None = None) -> dict[int, tuple[list, list]]:
-        owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
+        owner = self.owner
         out: dict[int, tuple[list, list]] = {}
         for i, k in enumerate(keys):
             ks, arrs = out.setdefault(owner[k], ([], []))
