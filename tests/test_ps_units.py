@@ -224,3 +224,29 @@ def test_bad_push_is_rejected_and_leaves_state_unchanged():
     assert "does not match the registered" in out[0][1].extra["error"]
     np.testing.assert_array_equal(shard.params[0], before)
     assert shard.version == 0 and shard.n_errors == 4
+
+
+def test_shard_dc_asgd_uses_the_params_the_worker_pulled():
+    shard = make_shard("asp", mitigation="dc-asgd:2")  # lr 1, no momentum, w0 = 0
+    g = np.array([1.0, 2.0, -1.0], np.float32)
+    send(shard, b"a", "pull", 0)                       # worker 0 holds w = 0
+    send(shard, b"b", "pull", 1)
+    send(shard, b"b", "push", 1, arrays=[g])           # fresh: w = -g = [-1, -2, 1]
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True)  # stale by 1
+    out = replies(shard)
+    assert out[-1][1].extra["staleness"] == 1
+    # g' = g + 2*g*g*(w_now - w_pulled) = [1, 2, -1] + 2*[1, 4, 1]*[-1, -2, 1] = [-1, -14, 1]
+    np.testing.assert_allclose(out[-1][1].arrays[0], np.array([-1, -2, 1]) - np.array([-1, -14, 1]))
+
+
+def test_shard_staleness_lr_damps_a_stale_update():
+    shard = make_shard("asp", mitigation="staleness-lr")
+    g = np.ones(3, np.float32)
+    send(shard, b"a", "pull", 0)
+    for _ in range(4):
+        send(shard, b"b", "push", 1, arrays=[g])       # w = -4 (worker 1 never pulled: tau grows but lr/tau)
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True)
+    last = replies(shard)[-1][1]
+    assert last.extra["staleness"] == 4
+    w_before = -(1 + 1 + 1 / 2 + 1 / 3)  # worker 1's own pushes had tau 0, 1, 2, 3
+    np.testing.assert_allclose(last.arrays[0], w_before - 1 / 4, rtol=1e-6)
