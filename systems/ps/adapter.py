@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ class PSOptions:
     mitigation: str = option("none", "none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
     lr_scaling: str = option("auto", "auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
     host: str = option("127.0.0.1", "address the server shards bind")
-    token: str | None = option(None, "shared token checked on every message (default: a random one per run)")
+    token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
+                                        "else a random one per run; an option value is saved in the manifest)")
     step_timeout_s: float = option(60.0, "how long BSP/SSP waits for slow workers before failing the step")
 
     def __post_init__(self) -> None:
@@ -50,16 +52,19 @@ class PSOptions:
         if not self.step_timeout_s > 0:
             raise ConfigError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
         if not _loopback(self.host):
-            raise ConfigError(f"host '{self.host}' is not allowed: bind a 127.0.0.0/8 address (e.g. 127.0.0.1)")
+            raise ConfigError(f"host '{self.host}' is not allowed: bind a 127.0.0.0/8 address (e.g. 127.0.0.1) "
+                              f"or, inside a test network namespace, a 198.18.0.0/15 one")
         if self.token is not None and not self.token:
             raise ConfigError("token must not be empty")
 
 
 def _loopback(host: str) -> bool:
+    """Loopback, or the benchmark range used inside network namespaces we create."""
     import ipaddress
 
     try:
-        return ipaddress.ip_address(host) in ipaddress.ip_network("127.0.0.0/8")
+        address = ipaddress.ip_address(host)
+        return address in ipaddress.ip_network("127.0.0.0/8") or address in ipaddress.ip_network("198.18.0.0/15")
     except ValueError:
         return host == "localhost"
 
@@ -99,7 +104,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     flat0 = flat_params(model) if init_params is None else np.asarray(init_params, dtype=np.float32)
     opt = prep.workload.optimizer
     lr = prep.lr * resolve_lr(options.lr_scaling, options.consistency, n)
-    token = options.token or secrets.token_hex(16)
+    # A token given as an option is recorded in the manifest with the spec; the env var is not.
+    token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
     server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
                    "--momentum", repr(opt.momentum), "--weight-decay", repr(opt.weight_decay),
                    "--step-timeout-s", repr(options.step_timeout_s)]
