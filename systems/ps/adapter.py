@@ -89,6 +89,30 @@ def _split(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
     return out
 
 
+def _float_buffers(model) -> list:
+    return [b for b in model.buffers() if b.dtype.is_floating_point]
+
+
+def _flat_buffers(model) -> np.ndarray:
+    buffers = _float_buffers(model)
+    if not buffers:
+        return np.zeros(0, np.float32)
+    return np.concatenate([b.detach().numpy().reshape(-1) for b in buffers]).astype(np.float32)
+
+
+def _set_flat_buffers(model, flat: np.ndarray) -> None:
+    """BatchNorm running statistics from worker 0 (the PS trains parameters, not buffers)."""
+    import torch
+
+    offset = 0
+    with torch.no_grad():
+        for b in _float_buffers(model):
+            n = b.numel()
+            if offset + n <= len(flat):
+                b.copy_(torch.from_numpy(np.array(flat[offset:offset + n])).view_as(b))
+            offset += n
+
+
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
                  fail_worker_at: tuple[int, int] | None = None) -> PhaseResult:
@@ -143,13 +167,16 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                                  "bytes": b} for s, t, ns, lo, st, b in zip(cols["step"], cols["t_wall"],
                                  cols["n_samples"], cols["loss"], cols["staleness"], cols["bytes"])])
             steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
-        evals = [(start_step, t_start, flat0)]
+        buffers0 = _flat_buffers(model)
+        evals = [(start_step, t_start, np.concatenate([flat0, buffers0]))]
         rep0 = reports.get(0)
         if rep0 is not None:
             evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))
-        evals.append((steps.get(0, start_step), t_end, final))
+        final_buffers = rep0.final_buffers if rep0 is not None else buffers0
+        evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
         for step, t_wall, flat in evals:
-            set_flat_params(model, flat)
+            set_flat_params(model, flat[:len(flat0)])
+            _set_flat_buffers(model, flat[len(flat0):])
             record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=t_wall)
     ps_extra = recorder.extra.setdefault("ps", {"phases": []})
     ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,

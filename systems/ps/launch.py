@@ -82,6 +82,7 @@ class WorkerReport:
     snapshot_steps: list[int] = field(default_factory=list)
     snapshot_t: list[float] = field(default_factory=list)
     snapshots: list[np.ndarray] = field(default_factory=list)
+    final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
 
 class Cluster:
@@ -183,8 +184,9 @@ class Cluster:
         while len(reports) < self.n_workers:
             _, msg = self._receive(deadline, f"{self.n_workers - len(reports)} worker(s) to finish")
             if msg.op == "worker_done":
+                arrays = [a.copy() for a in msg.arrays]  # the last one: the worker's final buffers
                 reports[msg.worker] = WorkerReport(msg.worker, msg.extra["rows"], list(msg.extra["snapshot_steps"]),
-                                                   list(msg.extra["snapshot_t"]), [a.copy() for a in msg.arrays])
+                                                   list(msg.extra["snapshot_t"]), arrays[:-1], arrays[-1])
         return reports
 
     def wait_workers(self, timeout_s: float = 30.0) -> None:
@@ -232,7 +234,7 @@ class WorkerControl:
         return float(msg.extra["t0"])
 
     def done(self, result: Any) -> None:
-        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in result.snapshots]
+        arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in [*result.snapshots, result.final_buffers]]
         self.sock.send_multipart(protocol.encode(
             "worker_done", worker=self.worker_id, token=self.token, keys=list(range(len(arrays))), arrays=arrays,
             rows=result.rows, snapshot_steps=result.snapshot_steps, snapshot_t=result.snapshot_t), copy=False)

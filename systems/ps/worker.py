@@ -169,7 +169,8 @@ class WorkerResult:
     rows: dict[str, list]                       # columns: step, t_wall, n_samples, loss, staleness, bytes
     snapshot_steps: list[int] = field(default_factory=list)
     snapshot_t: list[float] = field(default_factory=list)
-    snapshots: list[np.ndarray] = field(default_factory=list)  # flat params pulled at those steps
+    snapshots: list[np.ndarray] = field(default_factory=list)  # flat params (+ float buffers) at those steps
+    final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # e.g. BatchNorm stats
 
 
 class Trainer:
@@ -186,6 +187,14 @@ class Trainer:
         self.loss_fn = prep.workload.loss_fn()
         self.params = list(self.model.parameters())
         self.views = [p.detach().numpy() for p in self.params]  # the model's weights, shared memory
+        # Buffers (BatchNorm running statistics) are not trained by the PS: each worker keeps its own;
+        # worker 0's go with its snapshots so evaluation uses them.
+        self.buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
+
+    def flat_buffers(self) -> np.ndarray:
+        if not self.buffers:
+            return np.zeros(0, np.float32)
+        return np.concatenate([b.detach().numpy().reshape(-1) for b in self.buffers]).astype(np.float32)
 
     def load(self, tensors: dict[int, np.ndarray]) -> None:
         for k, a in tensors.items():
@@ -213,7 +222,8 @@ class Trainer:
             if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
                 out.snapshot_steps.append(step + 1)
                 out.snapshot_t.append(t)
-                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views]))
+                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views] + [self.flat_buffers()]))
+        out.final_buffers = self.flat_buffers()
         kv.bye()
         return out
 
