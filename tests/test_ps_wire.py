@@ -70,3 +70,37 @@ def test_server_rejects_bad_frames_and_keeps_serving():
         cluster.wait_servers()
         assert cluster.children[0].proc.returncode == 0
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_role_commands_by_hand(tmp_path):
+    """`psbench ps-server` and `psbench ps-worker` as an operator would start them on two hosts."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from systems.common import child_env
+
+    with socket.socket() as s:  # a free port for the operator's --bind
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = child_env({"PSBENCH_PS_TOKEN": TOKEN})
+    server = subprocess.Popen([sys.executable, "-m", "bench.cli", "ps-server", "--bind", f"127.0.0.1:{port}",
+                               "--workers", "1", "--workload", "logreg-digits", "--consistency", "ssp:1"],
+                              env=env, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out = tmp_path / "w0.json"
+        worker = subprocess.run([sys.executable, "-m", "bench.cli", "ps-worker", "--servers", f"127.0.0.1:{port}",
+                                 "--worker-id", "0", "--workload", "logreg-digits", "--max-steps", "20", "--init",
+                                 "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        rows = json.loads(out.read_text())["rows"]
+        assert rows["step"] == list(range(20)) and set(rows["staleness"]) == {0}
+        with KVWorker([f"127.0.0.1:{port}"], -1, [(10, 64), (10,)], TOKEN) as admin:
+            assert admin.stats()[0]["applied"] == 20
+            admin.shutdown()
+        assert server.wait(timeout=10) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
