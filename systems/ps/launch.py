@@ -139,7 +139,11 @@ class Cluster:
             self._check_children()
             if self.control.poll(100):
                 frames = self.control.recv_multipart(copy=False)
-                msg = protocol.decode(frames[1:], token=self.token, ops=protocol.CONTROL_OPS)
+                try:
+                    msg = protocol.decode(frames[1:], token=self.token, ops=protocol.CONTROL_OPS)
+                except protocol.ProtocolError as exc:  # not from our children: ignore it, keep going
+                    print(f"psbench ps: ignored a bad control message: {exc}", file=sys.stderr)
+                    continue
                 return frames[0].bytes, msg
             if time.monotonic() > deadline:
                 raise LaunchError(f"timed out waiting for {what}")
