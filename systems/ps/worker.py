@@ -51,6 +51,7 @@ class KVWorker:
         self.shapes = [tuple(s) for s in shapes]
         self.layout = partition_keys([math.prod(s) for s in self.shapes], len(self.addresses))
         self.owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
+        self.versions = [0] * len(self.addresses)  # the version of each shard's parameters we hold
         self.ctx = zmq.Context.instance()
         self.sockets = []
         for addr in self.addresses:
@@ -82,6 +83,8 @@ class KVWorker:
             frames = self.sockets[j].recv_multipart(copy=False)
             msg = protocol.decode(frames, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
             replies[j] = protocol.check_error(msg, f"server shard {j} ({self.addresses[j]})")
+            if msg.op == "params":
+                self.versions[j] = msg.version
             nbytes += msg.nbytes
         return replies, nbytes
 
@@ -128,7 +131,10 @@ class KVWorker:
         """Send gradients (each shard gets exactly its keys). With want_params the reply carries
         the shard's parameters after the update (ps-lite's PushPull): one round trip per step."""
         groups = self._by_shard(keys, grads)
-        replies, nbytes = self._round({j: self._msg("push", step, ks, arrs, want_params=want_params)
+        # the header's version says which parameters the gradient was computed on (informational:
+        # the shard's own record of what it sent this worker decides the staleness)
+        replies, nbytes = self._round({j: self._msg("push", step, ks, arrs, version=self.versions[j],
+                                                    want_params=want_params)
                                        for j, (ks, arrs) in groups.items()})
         params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)} if want_params else {}
         return PushReply(max(int(m.extra.get("staleness", 0)) for m in replies.values()),
