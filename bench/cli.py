@@ -20,6 +20,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("bench.simulate", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
     "report": ("bench.report", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
     "regress": ("bench.regress", "CI regression check of throughput ratios against bench/baselines/regress.json"),
+    "ps-server": ("systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
+    "ps-worker": ("systems.ps.worker", "run one parameter-server worker against running shards"),
 }
 
 

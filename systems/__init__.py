@@ -11,6 +11,7 @@ from workloads.errors import ConfigError
 
 REGISTRY: dict[str, str] = {
     "single": "systems.single.adapter:SingleSystem",
+    "ps": "systems.ps.adapter:PSSystem",
 }
 
 

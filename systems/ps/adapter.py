@@ -1,0 +1,207 @@
+"""The `ps` system: our parameter server (S shards, N workers, BSP/ASP/SSP, staleness mitigations).
+
+Evaluation placement: worker 0 keeps a copy of the parameters it received every eval_every of its
+steps (a memcpy, no pause); after training the launcher evaluates those snapshots off the clock,
+each stamped with the t_wall at which worker 0 received it, plus the servers' final parameters.
+So evaluation never slows the workers, and under ASP it measures the model the PS really served.
+
+Row transport: each worker keeps its step rows as columns in memory and sends them once, at the
+end, in its `worker_done` control message (msgpack; no pickle, nothing per step).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.base import option
+from systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, prepare, record_evals,
+                            set_flat_params)
+from systems.ps.launch import Cluster
+from systems.ps.partition import partition_keys
+from systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr
+from systems.ps.worker import ADMIN, KVWorker
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PSOptions:
+    consistency: str = option("asp", "bsp | asp | ssp:S (a worker at most S steps ahead of the slowest)")
+    servers: int = option(1, "number of server shards (keys split by size across them)")
+    mitigation: str = option("none", "none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
+    lr_scaling: str = option("auto", "auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
+    host: str = option("127.0.0.1", "address the server shards bind")
+    token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
+                                        "else a random one per run; an option value is saved in the manifest)")
+    step_timeout_s: float = option(60.0, "how long BSP/SSP waits for slow workers before failing the step")
+
+    def __post_init__(self) -> None:
+        parse_consistency(self.consistency)
+        parse_mitigation(self.mitigation)
+        resolve_lr(self.lr_scaling, self.consistency, 1)
+        if self.servers < 1:
+            raise ConfigError(f"servers must be >= 1, got {self.servers}")
+        if not self.step_timeout_s > 0:
+            raise ConfigError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if not _loopback(self.host):
+            raise ConfigError(f"host '{self.host}' is not allowed: bind a 127.0.0.0/8 address (e.g. 127.0.0.1) "
+                              f"or, inside a test network namespace, a 198.18.0.0/15 one")
+        if self.token is not None and not self.token:
+            raise ConfigError("token must not be empty")
+
+
+def _loopback(host: str) -> bool:
+    """Loopback, or the benchmark range used inside network namespaces we create."""
+    import ipaddress
+
+    try:
+        address = ipaddress.ip_address(host)
+        return address in ipaddress.ip_network("127.0.0.0/8") or address in ipaddress.ip_network("198.18.0.0/15")
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass
+class PhaseResult:
+    """What a PS phase leaves behind, enough for a later phase to continue from it."""
+    params: np.ndarray                 # final flat weights (the servers' state)
+    momentum: np.ndarray | None        # final flat momentum buffers (None without momentum)
+    steps: dict[int, int]              # worker -> last step index + 1
+    server_stats: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _split(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    out, offset = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(np.ascontiguousarray(flat[offset:offset + n], dtype=np.float32).reshape(shape))
+        offset += n
+    if offset != len(flat):
+        raise ConfigError(f"initial parameters have {len(flat)} values, the model needs {offset}")
+    return out
+
+
+def _float_buffers(model) -> list:
+    return [b for b in model.buffers() if b.dtype.is_floating_point]
+
+
+def _flat_buffers(model) -> np.ndarray:
+    buffers = _float_buffers(model)
+    if not buffers:
+        return np.zeros(0, np.float32)
+    return np.concatenate([b.detach().numpy().reshape(-1) for b in buffers]).astype(np.float32)
+
+
+def _set_flat_buffers(model, flat: np.ndarray) -> None:
+    """BatchNorm running statistics from worker 0 (the PS trains parameters, not buffers)."""
+    import torch
+
+    offset = 0
+    with torch.no_grad():
+        for b in _float_buffers(model):
+            n = b.numel()
+            if offset + n <= len(flat):
+                b.copy_(torch.from_numpy(np.array(flat[offset:offset + n])).view_as(b))
+            offset += n
+
+
+def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
+                 init_momentum: np.ndarray | None = None, start_step: int = 0,
+                 fail_worker_at: tuple[int, int] | None = None) -> PhaseResult:
+    """Train prep.spec's workload on the PS from `init_params` (default: the seeded model) and
+    optimizer state `init_momentum`, workers continuing at `start_step`. Records step rows and
+    evaluations into `recorder`; starts its clock if not running, leaves it running."""
+    spec = prep.spec
+    n = spec.workers
+    model = prep.build_model()
+    loss_fn = prep.workload.loss_fn()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    partition_keys([math.prod(s) for s in shapes], options.servers)  # ConfigError before any process starts
+    flat0 = flat_params(model) if init_params is None else np.asarray(init_params, dtype=np.float32)
+    opt = prep.workload.optimizer
+    lr = prep.lr * resolve_lr(options.lr_scaling, options.consistency, n)
+    # A token given as an option is recorded in the manifest with the spec; the env var is not.
+    token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
+    server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
+                   "--momentum", repr(opt.momentum), "--weight-decay", repr(opt.weight_decay),
+                   "--step-timeout-s", repr(options.step_timeout_s)]
+    worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--start-step", str(start_step),
+                   "--timeout-s", repr(options.step_timeout_s + 60)]
+    extra = {0: ["--snapshots"]}
+    if fail_worker_at is not None:
+        extra.setdefault(fail_worker_at[0], []).extend(["--fail-at-step", str(fail_worker_at[1])])
+    with Cluster(options.servers, n, token, options.host) as cluster:
+        addresses = cluster.start_servers(server_args)
+        with KVWorker(addresses, ADMIN, shapes, token) as admin:
+            admin.init(_split(flat0, shapes), step=start_step)
+            if init_momentum is not None and opt.momentum:
+                admin.init(_split(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
+            cluster.start_workers(worker_args, addresses, extra)
+            if recorder.t0 is None:
+                recorder.start_clock()
+            t_start = recorder.now()
+            cluster.go(time.time() - t_start)
+            reports = cluster.collect()
+            t_end = recorder.now()
+            with recorder.paused():
+                final = np.concatenate([a.reshape(-1) for a in admin.state("params")])
+                momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
+                            if opt.momentum else None)
+                stats = admin.stats()
+                admin.shutdown()
+                cluster.wait_workers()
+                cluster.wait_servers()
+    with recorder.paused():
+        steps: dict[int, int] = {}
+        for w, rep in sorted(reports.items()):
+            cols = rep.rows
+            recorder.add_steps([{"worker": w, "step": s, "t_wall": t, "n_samples": ns, "loss": lo, "staleness": st,
+                                 "bytes": b} for s, t, ns, lo, st, b in zip(cols["step"], cols["t_wall"],
+                                 cols["n_samples"], cols["loss"], cols["staleness"], cols["bytes"])])
+            steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
+        buffers0 = _flat_buffers(model)
+        evals = [(start_step, t_start, np.concatenate([flat0, buffers0]))]
+        rep0 = reports.get(0)
+        if rep0 is not None:
+            evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))
+        final_buffers = rep0.final_buffers if rep0 is not None else buffers0
+        evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
+        for step, t_wall, flat in evals:
+            set_flat_params(model, flat[:len(flat0)])
+            _set_flat_buffers(model, flat[len(flat0):])
+            record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=t_wall)
+    ps_extra = recorder.extra.setdefault("ps", {"phases": []})
+    ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
+                               "mitigation": options.mitigation, "lr_applied": lr, "start_step": start_step,
+                               "shards": stats})
+    return PhaseResult(final, momentum, steps, stats)
+
+
+class PSSystem:
+    name = "ps"
+    description = "parameter server: S shard processes, N workers over zmq; bsp / asp / ssp:S, staleness mitigations"
+    Options = PSOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        try:
+            import msgpack  # noqa: F401
+            import zmq  # noqa: F401
+        except ImportError as exc:
+            return f"needs pyzmq and msgpack ({exc})"
+        return None
+
+    def run(self, spec: RunSpec, options: PSOptions, recorder: Recorder) -> None:
+        configure_threads(1)
+        prep = prepare(spec)
+        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+        run_ps_phase(prep, options, recorder)
+        recorder.stop_clock()

@@ -1,0 +1,160 @@
+"""Side-by-side measurements of the parameter server; each returns a dict of ratios / figures.
+
+    ratio_roundtrip()        push+pull of 1/10/100 MB vs a raw pyzmq echo of the same bytes (goal >= 0.7)
+    ratio_asp_vs_single()    ps ASP with 1 worker vs `single`, samples/s (goal >= 0.95)
+    ratio_consistency()      2 workers, 1 and 2 shards, BSP vs ASP vs SSP: samples/s and final accuracy
+
+Both sides of a ratio are measured in the same call, interleaved, so machine load cancels out as
+far as it can. Run all: `python -m systems.ps.benchmarks` (prints JSON).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MB = 2**20
+
+
+# ---- (a) the wire against raw pyzmq ------------------------------------------------------------
+
+def _echo_server(port_file: str) -> None:
+    """A raw pyzmq ROUTER that sends every message straight back (the 'no PS' baseline)."""
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    with open(port_file, "w") as f:
+        f.write(str(port))
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        if len(frames) == 2 and frames[1].bytes == b"stop":
+            return
+        sock.send_multipart(frames, copy=False)
+
+
+def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, int] | None = None) -> dict[str, float]:
+    """Per size: raw round-trip time / PS push+pull time (1.0 = the PS adds nothing)."""
+    import os
+    import tempfile
+
+    import zmq
+
+    from systems.common import child_env
+    from systems.ps.launch import Child, Cluster, stop
+    from systems.ps.worker import KVWorker
+
+    reps = reps or {1: 40, 10: 15, 100: 5}
+    out: dict[str, float] = {}
+    port_file = tempfile.mktemp(prefix="psbench-echo-")
+    echo = subprocess.Popen([sys.executable, "-c", f"from systems.ps.benchmarks import _echo_server; "
+                             f"_echo_server({port_file!r})"], env=child_env(), start_new_session=True)
+    try:
+        while not (os.path.exists(port_file) and open(port_file).read()):
+            time.sleep(0.05)
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(f"tcp://127.0.0.1:{open(port_file).read()}")
+        for size in sizes_mb:
+            shape = (size * MB // 4,)
+            grad = np.ones(shape, np.float32)
+            with Cluster(1, 1, "bench") as cluster:  # a fresh shard per size: its keys have one shape
+                [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "1024"])
+                with KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
+                    kv.init([np.zeros(shape, np.float32)])
+                    raw_t, ps_t = [], []
+                    for i in range(reps.get(size, 5) + 1):  # the first of each is a warm-up
+                        t = time.perf_counter()
+                        raw.send_multipart([b"h" * 120, grad], copy=False)
+                        reply = raw.recv_multipart(copy=False)
+                        np.frombuffer(reply[1].buffer, np.float32)
+                        raw_t.append(time.perf_counter() - t)
+                        t = time.perf_counter()
+                        kv.push_pull([grad], i)
+                        ps_t.append(time.perf_counter() - t)
+                    kv.shutdown()
+                cluster.wait_servers()
+            raw_s, ps_s = statistics.median(raw_t[1:]), statistics.median(ps_t[1:])
+            out[f"roundtrip_{size}mb"] = raw_s / ps_s
+            out[f"roundtrip_{size}mb_ps_ms"] = ps_s * 1e3
+            out[f"roundtrip_{size}mb_raw_ms"] = raw_s * 1e3
+        raw.send_multipart([b"stop"])
+        raw.close()
+    finally:
+        stop([Child("echo", 0, echo, Path(port_file))])
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+    return out
+
+
+# ---- (b) and (c): whole runs ----------------------------------------------------------------------
+
+def _run(system: str, workload: str, workers: int, options: dict[str, Any], **spec_kw: Any) -> dict[str, Any]:
+    from bench.records import Recorder
+    from bench.runner import plan
+    from bench.spec import RunSpec
+
+    spec = RunSpec(system=system, workload=workload, workers=workers, options=options, **spec_kw)
+    planned = plan(spec)
+    recorder = Recorder(spec)
+    planned.system_cls().run(spec, planned.options, recorder)
+    return recorder.summary()
+
+
+ASP_VS_SINGLE_STEPS = {"mlp-digits": 400, "cnn-mnist1d": 300, "resnet-synthetic": 40}
+
+
+def ratio_asp_vs_single(workloads: dict[str, int] | None = None, repeats: int = 2) -> dict[str, float]:
+    """ps ASP with 1 worker / single, samples per second, per workload ({name: max_steps}; best of
+    `repeats` each, alternating the two systems so load drifts hit both). The PS adds a fixed cost
+    per step (one round trip), so the ratio grows with the model's compute per step."""
+    out: dict[str, float] = {}
+    for workload, max_steps in (workloads or ASP_VS_SINGLE_STEPS).items():
+        best = {"single": 0.0, "ps": 0.0}
+        for _ in range(repeats):
+            for system, options in (("single", {}), ("ps", {"consistency": "asp"})):
+                summary = _run(system, workload, 1, options, max_steps=max_steps)
+                best[system] = max(best[system], summary["samples_per_s"])
+        out[f"asp1_vs_single_{workload}"] = best["ps"] / best["single"]
+        out[f"single_{workload}_samples_per_s"] = best["single"]
+        out[f"asp1_{workload}_samples_per_s"] = best["ps"]
+    return out
+
+
+def ratio_consistency(workload: str = "mlp-digits", epochs: int = 5) -> dict[str, float]:
+    """2 workers; 1 and 2 shards; bsp / asp / ssp:2: samples/s, final val accuracy, mean staleness,
+    and samples/s relative to bsp with 1 shard."""
+    out: dict[str, float] = {}
+    for servers in (1, 2):
+        for consistency in ("bsp", "asp", "ssp:2"):
+            s = _run("ps", workload, 2, {"consistency": consistency, "servers": servers}, epochs=epochs)
+            tag = f"{consistency.replace(':', '')}_s{servers}"
+            out[f"{tag}_samples_per_s"] = s["samples_per_s"]
+            out[f"{tag}_val_accuracy"] = s.get("final_val_accuracy", float("nan"))
+            out[f"{tag}_staleness_mean"] = s.get("staleness_mean", float("nan"))
+    base = out["bsp_s1_samples_per_s"]
+    for key in [k for k in out if k.endswith("_samples_per_s")]:
+        out[key.replace("_samples_per_s", "_speed_vs_bsp_s1")] = out[key] / base
+    return out
+
+
+def main() -> int:
+    from systems.common import configure_threads
+
+    configure_threads(1)
+    which = sys.argv[1:] or ["roundtrip", "asp_vs_single", "consistency"]
+    results: dict[str, float] = {}
+    for name in which:
+        results.update(globals()[f"ratio_{name}"]())
+        print(json.dumps(results, indent=1, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

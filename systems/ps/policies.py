@@ -1,0 +1,301 @@
+"""Consistency policies (when a shard applies and answers) and staleness mitigations (how a stale
+gradient is adjusted before the optimizer sees it). Both are small objects the server calls.
+
+Staleness tau of an update = the shard's version when it is applied minus the version of the
+parameters the pushing worker last pulled from this shard.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from workloads.errors import ConfigError
+
+# ---- mitigations ------------------------------------------------------------------------------
+
+GAP_AWARE_BETA = 0.9  # running average of |g| for gap-aware: avg <- beta*avg + (1-beta)*|g|
+GAP_EPS = 1e-12
+
+
+class Mitigation:
+    """`adjust(key, g, lr, tau, w_now, w_pulled) -> (g', lr')`; the base class changes nothing."""
+    name = "none"
+
+    def adjust(self, key: int, g: np.ndarray, lr: float, tau: int, w_now: np.ndarray,
+               w_pulled: np.ndarray) -> tuple[np.ndarray, float]:
+        return g, lr
+
+
+class StalenessLR(Mitigation):
+    """Zhang et al., IJCAI 2016: divide the learning rate by the staleness, lr / max(1, tau)."""
+    name = "staleness-lr"
+
+    def adjust(self, key, g, lr, tau, w_now, w_pulled):
+        return g, lr / max(1, tau)
+
+
+@dataclass
+class DCASGD(Mitigation):
+    """Zheng et al., ICML 2017: g + lambda * g * g * (w_now - w_pulled) (diagonal Hessian approx.)."""
+    lam: float
+    name = "dc-asgd"
+
+    def adjust(self, key, g, lr, tau, w_now, w_pulled):
+        if w_now is w_pulled:  # nothing moved since the pull (tau == 0): skip the arithmetic
+            return g, lr
+        return g + self.lam * g * g * (w_now - w_pulled), lr
+
+
+@dataclass
+class GapAware(Mitigation):
+    """Barkai, Hakimi, Schuster, ICLR 2020, in this form: per element,
+        avg_k   <- beta * avg_k + (1 - beta) * |g|         (avg_k := |g| on the key's first update)
+        gap      = max(1, |w_now - w_pulled| / (lr * avg_k + eps))
+        g'       = g / gap
+    i.e. the gap is the distance the parameter moved since the worker pulled, measured in units of
+    a typical single step (lr * average |g|); a gradient that is G steps stale is damped by G.
+    The paper normalises the same way (by the average step size C); beta=0.9 and the max(1, .)
+    floor are our choices, so fresh gradients (gap < 1 step) pass unchanged."""
+    beta: float = GAP_AWARE_BETA
+    avg: dict[int, np.ndarray] = field(default_factory=dict)
+    name = "gap-aware"
+
+    def adjust(self, key, g, lr, tau, w_now, w_pulled):
+        magnitude = np.abs(g)
+        prev = self.avg.get(key)
+        self.avg[key] = magnitude.copy() if prev is None else self.beta * prev + (1 - self.beta) * magnitude
+        if w_now is w_pulled:
+            return g, lr
+        gap = np.maximum(1.0, np.abs(w_now - w_pulled) / (lr * self.avg[key] + GAP_EPS))
+        return (g / gap).astype(g.dtype, copy=False), lr
+
+
+def parse_mitigation(text: str) -> Mitigation:
+    allowed = "none | staleness-lr | dc-asgd:LAMBDA | gap-aware"
+    text = str(text).strip()
+    if text == "none":
+        return Mitigation()
+    if text == "staleness-lr":
+        return StalenessLR()
+    if text == "gap-aware":
+        return GapAware()
+    if text.startswith("dc-asgd:"):
+        try:
+            lam = float(text.split(":", 1)[1])
+        except ValueError:
+            raise ConfigError(f"mitigation '{text}': LAMBDA must be a number, e.g. dc-asgd:0.04") from None
+        if not lam >= 0:
+            raise ConfigError(f"mitigation '{text}': LAMBDA must be >= 0")
+        return DCASGD(lam)
+    raise ConfigError(f"unknown mitigation '{text}'; allowed: {allowed}")
+
+
+# ---- consistency ------------------------------------------------------------------------------
+
+def parse_consistency(text: str) -> tuple[str, int]:
+    """'bsp' | 'asp' | 'ssp:S' -> (kind, bound); bound is 0 for bsp/asp."""
+    text = str(text).strip()
+    if text in ("bsp", "asp"):
+        return text, 0
+    if text.startswith("ssp:"):
+        raw = text.split(":", 1)[1]
+        if not raw.isdigit():
+            raise ConfigError(f"consistency '{text}': the staleness bound must be an integer >= 0, e.g. ssp:2")
+        return "ssp", int(raw)
+    raise ConfigError(f"unknown consistency '{text}'; allowed: bsp | asp | ssp:S (S >= 0)")
+
+
+@dataclass
+class Request:
+    """A push or pull waiting for its answer."""
+    ident: bytes
+    worker: int
+    step: int
+    t_arrival: float
+    grads: dict[int, np.ndarray] | None = None
+    want_params: bool = False
+    keys: list[int] | None = None
+    staleness: int | None = None
+
+
+class Server(Protocol):
+    """What a policy needs from its shard (see server.Shard)."""
+    def apply(self, grads: dict[int, np.ndarray], workers: list[int]) -> int: ...
+    def reply_push(self, req: Request, staleness: int) -> None: ...
+    def reply_pull(self, req: Request) -> None: ...
+    def reply_error(self, req: Request, text: str) -> None: ...
+
+
+class Policy:
+    """ASP: apply each gradient on arrival and answer at once."""
+    kind = "asp"
+
+    def __init__(self, n_workers: int, start_step: int = 0):
+        self.n_workers = n_workers
+        self.live = set(range(n_workers))
+        self.max_gap = 0  # largest (step - slowest live worker's step) a worker was let through at
+
+    def reset(self, start_step: int) -> None:
+        pass
+
+    def push(self, srv: Server, req: Request) -> None:
+        assert req.grads is not None
+        srv.reply_push(req, srv.apply(req.grads, [req.worker]))
+
+    def pull(self, srv: Server, req: Request) -> None:
+        srv.reply_pull(req)
+
+    def bye(self, srv: Server, worker: int) -> None:
+        self.live.discard(worker)
+
+    def expire(self, srv: Server, now: float, timeout_s: float) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"policy": self.kind, "max_gap": self.max_gap}
+
+
+class BSP(Policy):
+    """Wait for a gradient from every live worker for the step, average, apply once, answer all."""
+    kind = "bsp"
+
+    def __init__(self, n_workers: int, start_step: int = 0):
+        super().__init__(n_workers, start_step)
+        self.pending: dict[int, Request] = {}
+        self.acc: dict[int, np.ndarray] = {}
+
+    def push(self, srv, req):
+        assert req.grads is not None
+        if req.worker in self.pending:
+            srv.reply_error(req, f"worker {req.worker} pushed twice for step {req.step} under bsp")
+            return
+        if self.pending:
+            step = next(iter(self.pending.values())).step
+            if req.step != step:
+                srv.reply_error(req, f"bsp: worker {req.worker} pushed step {req.step} while step {step} is open")
+                return
+        for k, g in req.grads.items():
+            if k in self.acc:
+                self.acc[k] += g
+            else:
+                self.acc[k] = np.array(g, dtype=g.dtype, copy=True)
+        req.grads = None  # the sum holds it; let the frame go
+        self.pending[req.worker] = req
+        self._maybe_apply(srv)
+
+    def _maybe_apply(self, srv) -> None:
+        if not self.pending or not self.live.issubset(self.pending):
+            return
+        n = len(self.pending)
+        avg = {k: a / np.float32(n) for k, a in self.acc.items()}
+        staleness = srv.apply(avg, sorted(self.pending))
+        waiting, self.pending, self.acc = list(self.pending.values()), {}, {}
+        for req in waiting:
+            srv.reply_push(req, staleness)
+
+    def bye(self, srv, worker):
+        super().bye(srv, worker)
+        self._maybe_apply(srv)
+
+    def expire(self, srv, now, timeout_s):
+        if self.pending and now - min(r.t_arrival for r in self.pending.values()) > timeout_s:
+            missing = sorted(self.live - set(self.pending))
+            waiting, self.pending, self.acc = list(self.pending.values()), {}, {}
+            for req in waiting:  # nothing was applied: the shard's parameters are unchanged
+                srv.reply_error(req, f"bsp: timed out after {timeout_s:.0f}s waiting for worker(s) {missing}")
+
+
+class SSP(Policy):
+    """Apply on arrival (as ASP), but a worker about to compute step t gets its parameters only
+    when t - (slowest live worker's step) <= bound; otherwise its pull (or push-pull) waits."""
+    kind = "ssp"
+
+    def __init__(self, n_workers: int, bound: int, start_step: int = 0):
+        super().__init__(n_workers, start_step)
+        self.bound = bound
+        self.clock = {w: start_step for w in range(n_workers)}  # the step each worker is at
+        self.waiting: list[Request] = []
+
+    def reset(self, start_step: int) -> None:
+        self.clock = {w: start_step for w in range(self.n_workers)}
+
+    def _slowest(self) -> int | None:
+        return min((self.clock[w] for w in self.live), default=None)
+
+    def push(self, srv, req):
+        assert req.grads is not None
+        staleness = srv.apply(req.grads, [req.worker])
+        req.grads = None
+        self.clock[req.worker] = max(self.clock[req.worker], req.step + 1)
+        if req.want_params:  # the reply carries the parameters for step+1: gate it
+            req.staleness = staleness
+            req.step += 1
+            self.waiting.append(req)
+        else:
+            srv.reply_push(req, staleness)
+        self._release(srv)
+
+    def pull(self, srv, req):
+        self.clock[req.worker] = max(self.clock[req.worker], req.step)
+        self.waiting.append(req)
+        self._release(srv)
+
+    def _release(self, srv) -> None:
+        slowest = self._slowest()
+        still: list[Request] = []
+        for req in self.waiting:
+            gap = 0 if slowest is None else req.step - slowest
+            if gap <= self.bound:
+                self.max_gap = max(self.max_gap, gap)
+                if req.staleness is not None:
+                    srv.reply_push(req, req.staleness)
+                else:
+                    srv.reply_pull(req)
+            else:
+                still.append(req)
+        self.waiting = still
+
+    def bye(self, srv, worker):
+        super().bye(srv, worker)
+        self._release(srv)
+
+    def expire(self, srv, now, timeout_s):
+        late = [r for r in self.waiting if now - r.t_arrival > timeout_s]
+        if late:
+            self.waiting = [r for r in self.waiting if r not in late]
+            slowest = self._slowest()
+            behind = sorted(w for w in self.live if self.clock[w] == slowest)
+            for req in late:
+                srv.reply_error(req, f"ssp:{self.bound}: timed out after {timeout_s:.0f}s waiting for slow "
+                                     f"worker(s) {behind} at step {slowest}")
+
+
+def make_policy(consistency: str, n_workers: int, start_step: int = 0) -> Policy:
+    kind, bound = parse_consistency(consistency)
+    if kind == "bsp":
+        return BSP(n_workers, start_step)
+    if kind == "ssp":
+        return SSP(n_workers, bound, start_step)
+    return Policy(n_workers, start_step)
+
+
+def resolve_lr(lr_scaling: str, consistency: str, n_workers: int) -> float:
+    """The factor the workload's lr is multiplied by on the servers. 'auto': 1/N for asp/ssp (as in
+    the thesis: N workers each apply their own update), 1 for bsp (it averages the N gradients)."""
+    text = str(lr_scaling).strip().lower()
+    kind, _ = parse_consistency(consistency)
+    if text == "auto":
+        return 1.0 if kind == "bsp" else 1.0 / n_workers
+    if text == "none":
+        return 1.0
+    if text == "1/n":
+        return 1.0 / n_workers
+    try:
+        factor = float(text)
+    except ValueError:
+        raise ConfigError(f"lr_scaling '{lr_scaling}' unknown; allowed: auto | none | 1/n | a factor > 0") from None
+    if not factor > 0:
+        raise ConfigError(f"lr_scaling must be > 0, got {lr_scaling}")
+    return factor

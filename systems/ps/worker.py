@@ -1,0 +1,318 @@
+"""The worker side: `KVWorker`, a ps-lite style client of all server shards (push / pull / push-pull),
+and the training loop a worker process runs on its data shard.
+
+One step = one multipart message to each shard (the gradients of the shard's keys, zero-copy from
+the model's .grad tensors) and one reply from each (staleness, and the fresh parameters, copied
+straight into the model's weights). Shards are asked in parallel: send to all, then receive.
+
+Run by hand: `psbench ps-worker --servers 127.0.0.1:5555 --worker-id 0 --workers 2 --workload mlp-digits`
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from systems.ps import protocol
+from systems.ps.partition import partition_keys
+
+ADMIN = -1
+
+
+@dataclass
+class PushReply:
+    staleness: int
+    version: int
+    params: dict[int, np.ndarray] = field(default_factory=dict)
+    nbytes: int = 0
+
+
+class KVWorker:
+    """Client of S shards. Keys are model tensor indices; `partition_keys` says which shard owns which."""
+
+    def __init__(self, addresses: Sequence[str], worker_id: int, shapes: Sequence[Sequence[int]],
+                 token: str | None = None, timeout_s: float = 120.0, max_bytes: int = protocol.DEFAULT_MAX_BYTES):
+        import zmq
+
+        self.worker_id = worker_id
+        self.parent_pid: int | None = None  # set by a launched worker: stop waiting if the launcher dies
+        self.token = token
+        self.timeout_ms = int(timeout_s * 1000)
+        self.max_bytes = max_bytes
+        self.addresses = list(addresses)
+        self.shapes = [tuple(s) for s in shapes]
+        self.layout = partition_keys([math.prod(s) for s in self.shapes], len(self.addresses))
+        self.owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
+        self.versions = [0] * len(self.addresses)  # the version of each shard's parameters we hold
+        self.ctx = zmq.Context.instance()
+        self.sockets = []
+        for addr in self.addresses:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.connect(addr if "://" in addr else f"tcp://{addr}")
+            self.sockets.append(sock)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        self.sockets = []
+
+    def __enter__(self) -> "KVWorker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- one round: a message to some shards, their replies ------------------------------------
+    def _round(self, requests: dict[int, list[Any]]) -> tuple[dict[int, protocol.Message], int]:
+        nbytes = 0
+        for j, frames in requests.items():
+            self.sockets[j].send_multipart(frames, copy=False)
+            nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
+        replies: dict[int, protocol.Message] = {}
+        for j in requests:
+            self._wait(j)
+            frames = self.sockets[j].recv_multipart(copy=False)
+            msg = protocol.decode(frames, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
+            replies[j] = protocol.check_error(msg, f"server shard {j} ({self.addresses[j]})")
+            if msg.op == "params":
+                self.versions[j] = msg.version
+            nbytes += msg.nbytes
+        return replies, nbytes
+
+    def _wait(self, j: int) -> None:
+        """Block until shard j answers; give up after the timeout or when our launcher is gone."""
+        if self.sockets[j].poll(min(self.timeout_ms, 1000)):
+            return
+        waited = 1000
+        while waited < self.timeout_ms:
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
+            if self.sockets[j].poll(1000):
+                return
+            waited += 1000
+        raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
+                               f"{self.timeout_ms / 1000:.0f}s")
+
+    def _by_shard(self, keys: Sequence[int], arrays: Sequence[np.ndarray] | None = None) -> dict[int, tuple[list, list]]:
+        owner = self.owner
+        out: dict[int, tuple[list, list]] = {}
+        for i, k in enumerate(keys):
+            ks, arrs = out.setdefault(owner[k], ([], []))
+            ks.append(k)
+            if arrays is not None:
+                arrs.append(arrays[i])
+        return out
+
+    def _msg(self, op: str, step: int, keys: Sequence[int] = (), arrays: Sequence[np.ndarray] = (),
+             version: int = 0, **extra: Any) -> list[Any]:
+        return protocol.encode(op, worker=self.worker_id, step=step, version=version, keys=keys, arrays=arrays,
+                               token=self.token, **extra)
+
+    # ---- the ps-lite API ----------------------------------------------------------------
+    def pull(self, keys: Sequence[int] | None = None, step: int = 0) -> tuple[dict[int, np.ndarray], int]:
+        """Parameters of `keys` (default all) and the lowest shard version among them."""
+        keys = list(range(len(self.shapes))) if keys is None else list(keys)
+        groups = self._by_shard(keys)
+        replies, self.last_bytes = self._round({j: self._msg("pull", step, want_keys=ks) for j, (ks, _) in groups.items()})
+        params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
+        return params, min(m.version for m in replies.values())
+
+    def push(self, keys: Sequence[int], grads: Sequence[np.ndarray], step: int = 0,
+             want_params: bool = False) -> PushReply:
+        """Send gradients (each shard gets exactly its keys). With want_params the reply carries
+        the shard's parameters after the update (ps-lite's PushPull): one round trip per step."""
+        groups = self._by_shard(keys, grads)
+        # the header's version says which parameters the gradient was computed on (informational:
+        # the shard's own record of what it sent this worker decides the staleness)
+        replies, nbytes = self._round({j: self._msg("push", step, ks, arrs, version=self.versions[j],
+                                                    want_params=want_params)
+                                       for j, (ks, arrs) in groups.items()})
+        params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)} if want_params else {}
+        return PushReply(max(int(m.extra.get("staleness", 0)) for m in replies.values()),
+                         min(m.version for m in replies.values()), params, nbytes)
+
+    def push_pull(self, grads: Sequence[np.ndarray], step: int) -> PushReply:
+        return self.push(range(len(grads)), grads, step, want_params=True)
+
+    # ---- set-up and tear-down (admin or any worker) ----------------------------------------
+    def init(self, tensors: Sequence[np.ndarray], slot: str = "params", version: int = 0, step: int = 0,
+             if_absent: bool = False) -> bool:
+        """Load initial tensors into every shard; True if this call initialised them."""
+        groups = self._by_shard(range(len(tensors)), tensors)
+        replies, _ = self._round({j: self._msg("init", step, ks, arrs, version=version, slot=slot, if_absent=if_absent)
+                                  for j, (ks, arrs) in groups.items()})
+        return all(m.extra.get("initialised", False) for m in replies.values())
+
+    def state(self, slot: str = "params") -> list[np.ndarray]:
+        replies, _ = self._round({j: self._msg("state", 0, slot=slot) for j in range(len(self.sockets))})
+        tensors = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
+        return [tensors[k] for k in range(len(self.shapes))]
+
+    def stats(self) -> list[dict[str, Any]]:
+        replies, _ = self._round({j: self._msg("stats", 0) for j in range(len(self.sockets))})
+        return [replies[j].extra["stats"] for j in range(len(self.sockets))]
+
+    def bye(self) -> None:
+        self._round({j: self._msg("bye", 0) for j in range(len(self.sockets))})
+
+    def shutdown(self) -> None:
+        self._round({j: self._msg("shutdown", 0) for j in range(len(self.sockets))})
+
+
+# ---- the training loop ----------------------------------------------------------------------
+
+@dataclass
+class WorkerResult:
+    rows: dict[str, list]                       # columns: step, t_wall, n_samples, loss, staleness, bytes
+    snapshot_steps: list[int] = field(default_factory=list)
+    snapshot_t: list[float] = field(default_factory=list)
+    snapshots: list[np.ndarray] = field(default_factory=list)  # flat params (+ float buffers) at those steps
+    final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # e.g. BatchNorm stats
+
+
+class Trainer:
+    """A worker's training loop. `__init__` does the set-up (model, views) before the clock starts;
+    `run` pulls, then per mini-batch: forward/backward, push the gradients, take the fresh parameters
+    from the reply. With `snapshots`, keep a copy of the parameters every eval_every steps (the
+    launcher evaluates them off the clock)."""
+
+    def __init__(self, prep, kv: KVWorker, worker_id: int, start_step: int = 0, snapshots: bool = False,
+                 fail_at_step: int | None = None):
+        self.prep, self.kv, self.worker_id = prep, kv, worker_id
+        self.start_step, self.snapshots, self.fail_at_step = start_step, snapshots, fail_at_step
+        self.model = prep.build_model()
+        self.loss_fn = prep.workload.loss_fn()
+        self.params = list(self.model.parameters())
+        self.views = [p.detach().numpy() for p in self.params]  # the model's weights, shared memory
+        # Buffers (BatchNorm running statistics) are not trained by the PS: each worker keeps its own;
+        # worker 0's go with its snapshots so evaluation uses them.
+        self.buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
+
+    def flat_buffers(self) -> np.ndarray:
+        if not self.buffers:
+            return np.zeros(0, np.float32)
+        return np.concatenate([b.detach().numpy().reshape(-1) for b in self.buffers]).astype(np.float32)
+
+    def load(self, tensors: dict[int, np.ndarray]) -> None:
+        for k, a in tensors.items():
+            np.copyto(self.views[k], a)
+
+    def run(self, t0: float) -> WorkerResult:
+        from systems.common import forward_backward
+
+        prep, kv, worker_id, params = self.prep, self.kv, self.worker_id, self.params
+        tensors, _ = kv.pull(step=self.start_step)
+        self.load(tensors)
+        every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
+        cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
+        out = WorkerResult(cols)
+        for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
+            if self.fail_at_step is not None and step == self.fail_at_step:
+                raise RuntimeError(f"injected failure in worker {worker_id} at step {step}")
+            loss = forward_backward(self.model, self.loss_fn, x, y)
+            grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
+            reply = kv.push_pull(grads, step)
+            self.load(reply.params)
+            t = time.time() - t0
+            for name, value in zip(cols, (step, t, len(y), loss, reply.staleness, reply.nbytes)):
+                cols[name].append(value)
+            if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
+                out.snapshot_steps.append(step + 1)
+                out.snapshot_t.append(t)
+                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views] + [self.flat_buffers()]))
+        out.final_buffers = self.flat_buffers()
+        kv.bye()
+        return out
+
+
+# ---- the process entry point ----------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--servers", required=True, help="comma-separated host:port of the server shards, in shard order")
+    p.add_argument("--worker-id", type=int, required=True, help="this worker's index (0..workers-1)")
+    p.add_argument("--workers", type=int, default=1, help="number of workers in the job (for the data shards)")
+    p.add_argument("--workload", help="workload name (see `psbench list`)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--sharding", default="random")
+    p.add_argument("--evals-per-epoch", type=int, default=2)
+    p.add_argument("--data-dir")
+    p.add_argument("--token", help="shared token (or env PSBENCH_PS_TOKEN)")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for a server reply")
+    p.add_argument("--out", help="write this worker's step rows here (JSON) when done")
+    p.add_argument("--init", action="store_true", help="initialise the shards from the seeded model if not yet done")
+    p.add_argument("--spec-json", help=argparse.SUPPRESS)  # the launcher passes its RunSpec whole
+    p.add_argument("--start-step", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--control", help=argparse.SUPPRESS)
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--snapshots", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fail-at-step", type=int, help=argparse.SUPPRESS)  # fault injection for tests
+
+
+def _spec(args: argparse.Namespace):
+    from bench.spec import RunSpec
+    from workloads.errors import ConfigError
+
+    if args.spec_json:
+        return RunSpec.from_dict(json.loads(args.spec_json))
+    if not args.workload:
+        raise ConfigError("give --workload")
+    return RunSpec(system="ps", workload=args.workload, workers=args.workers, seed=args.seed, epochs=args.epochs,
+                   batch_size=args.batch_size, sharding=args.sharding, max_steps=args.max_steps,
+                   evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir)
+
+
+def main(args: argparse.Namespace) -> int:
+    from systems.common import configure_threads, prepare
+    from workloads.errors import ConfigError
+
+    configure_threads(1)
+    spec = _spec(args)
+    if not 0 <= args.worker_id < spec.workers:
+        raise ConfigError(f"worker-id must be in 0..{spec.workers - 1}, got {args.worker_id}")
+    prep = prepare(spec)
+    token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    model = prep.build_model()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    addresses = [a.strip() for a in args.servers.split(",") if a.strip()]
+    with KVWorker(addresses, args.worker_id, shapes, token, args.timeout_s) as kv:
+        if args.init:
+            kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
+        kv.parent_pid = args.parent_pid
+        del model
+        trainer = Trainer(prep, kv, args.worker_id, args.start_step, args.snapshots, args.fail_at_step)
+        if args.control:
+            from systems.ps.launch import WorkerControl
+
+            with WorkerControl(args.control, args.worker_id, token, args.parent_pid) as ctl:
+                result = trainer.run(ctl.wait_go())
+                ctl.done(result)
+        else:
+            result = trainer.run(time.time())
+    if args.out:
+        from bench.atomic import atomic_write_json
+
+        atomic_write_json(args.out, {"worker": args.worker_id, "rows": result.rows})
+    if not args.control:
+        n = len(result.rows["step"])
+        mean_loss = float(np.mean(result.rows["loss"][-10:])) if n else float("nan")
+        print(f"ps-worker {args.worker_id}: {n} steps, last losses {mean_loss:.4f}, "
+              f"mean staleness {np.mean(result.rows['staleness']) if n else 0:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m systems.ps.worker", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

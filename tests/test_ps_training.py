@@ -1,0 +1,116 @@
+"""End-to-end PS runs with real processes: BSP equals averaged-gradient SGD, ASP/SSP learn, the SSP
+bound holds, staleness is recorded, failures are reported and nothing is left running."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+import torch
+
+from bench.cli import main as cli_main
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.common import flat_params, forward_backward, make_optimizer, prepare
+from systems.ps.adapter import PSOptions, run_ps_phase
+from systems.ps.launch import LaunchError
+
+ACCURACY = 0.85  # val accuracy mlp-digits reaches in its default 5 epochs with 2 async workers
+
+
+def no_children() -> list:
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_bsp_equals_single_process_sgd_on_the_averaged_gradient():
+    spec = RunSpec("ps", "mlp-digits", workers=2, seed=3, max_steps=12)
+    prep = prepare(spec)
+    recorder = Recorder(spec)
+    result = run_ps_phase(prep, PSOptions(consistency="bsp", servers=2), recorder)
+
+    model = prep.build_model()
+    loss_fn = prep.workload.loss_fn()
+    optimizer = make_optimizer(model, prep.workload, prep.lr)
+    for (_, x0, y0), (_, x1, y1) in zip(prep.batches(0), prep.batches(1)):
+        grads = []
+        for x, y in ((x0, y0), (x1, y1)):
+            forward_backward(model, loss_fn, x, y)
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, g0, g1 in zip(model.parameters(), *grads):
+            p.grad = (g0 + g1) / 2
+        optimizer.step()
+    np.testing.assert_allclose(result.params, flat_params(model), rtol=1e-5, atol=1e-6)
+    momentum = torch.cat([optimizer.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()]).numpy()
+    np.testing.assert_allclose(result.momentum, momentum, rtol=1e-5, atol=1e-6)
+    steps = pd.DataFrame(recorder.steps)
+    assert len(steps) == 24 and set(steps["staleness"]) == {0}
+    assert result.steps == {0: 12, 1: 12}
+    assert all(s["applied"] == 12 for s in result.server_stats)
+    assert not no_children()
+
+
+def test_cli_asp_run_learns_and_records_staleness(results_dir):
+    rc = cli_main(["run", "--system", "ps", "--workload", "mlp-digits", "-np", "2", "--consistency", "asp",
+                   "--results-dir", str(results_dir), "--suite", "t", "--no-progress"])
+    assert rc == 0
+    [run] = list((results_dir / "t").iterdir())
+    summary = json.loads((run / "manifest.json").read_text())["summary"]
+    assert summary["final_val_accuracy"] >= ACCURACY
+    assert summary["staleness_mean"] > 0 and summary["staleness_max"] >= 1
+    assert sum(summary["staleness_hist"].values()) == summary["steps"]
+    steps = pd.read_csv(run / "steps.csv")
+    assert set(steps["worker"]) == {0, 1} and steps["staleness"].notna().all() and (steps["bytes"] > 0).all()
+    evals = pd.read_csv(run / "evals.csv")
+    assert len(evals[evals["split"] == "val"]) >= 3  # initial, during, final
+    assert not no_children()
+
+
+def test_ssp_learns_and_never_exceeds_its_bound():
+    bound = 1
+    spec = RunSpec("ps", "mlp-digits", workers=2, seed=0)
+    recorder = Recorder(spec)
+    result = run_ps_phase(prepare(spec), PSOptions(consistency=f"ssp:{bound}"), recorder)
+    [shard] = result.server_stats
+    assert shard["policy"] == "ssp" and shard["max_gap"] <= bound  # the server's own record
+    steps = pd.DataFrame(recorder.steps)
+    # With 2 workers, between a worker's pull and its next push the other can push at most 2s+1 times.
+    assert steps["staleness"].max() <= 2 * bound + 1
+    val = [e for e in recorder.evals if e["split"] == "val"]
+    assert val[-1]["accuracy"] >= ACCURACY
+
+
+def test_worker_failure_fails_the_run_naming_the_worker_and_leaves_no_processes():
+    spec = RunSpec("ps", "mlp-digits", workers=2, seed=0, max_steps=50)
+    with pytest.raises(LaunchError, match=r"ps worker 1 failed(.|\n)*injected failure in worker 1 at step 3"):
+        run_ps_phase(prepare(spec), PSOptions(consistency="bsp"), Recorder(spec), fail_worker_at=(1, 3))
+    assert not no_children()
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from systems.common import child_env
+
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
+                             "-np", "2", "--epochs", "200", "--results-dir", str(tmp_path), "--no-progress"],
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 90
+    family: list[psutil.Process] = []
+    while time.monotonic() < deadline:  # wait until the 1 server and 2 workers are up
+        family = parent.children(recursive=True)
+        if len(family) >= 3:
+            break
+        time.sleep(0.2)
+    assert len(family) >= 3, "the run never started its processes"
+    time.sleep(3)  # let the workers train for a bit
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    gone, alive = psutil.wait_procs(family, timeout=5)
+    assert not alive, f"left running: {alive}"

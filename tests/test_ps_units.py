@@ -1,0 +1,252 @@
+"""Parameter server pieces in-process: wire format, key partition, optimizer, mitigations, policies."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from systems.base import parse_options
+from systems.ps import protocol
+from systems.ps.adapter import PSOptions
+from systems.ps.partition import partition_keys
+from systems.ps.policies import DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation, resolve_lr
+from systems.ps.server import SGD, Shard
+from workloads.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- wire ---------------------------------------------------------------------------------------
+
+def frames_bytes(frames):
+    return [bytes(memoryview(f)) for f in frames]
+
+
+def test_roundtrip_is_exact_and_zero_copy_views():
+    a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones(5, np.float32)
+    frames = protocol.encode("push", worker=1, step=7, version=3, keys=[4, 5], arrays=[a, b], token="t", want_params=True)
+    assert frames[1] is a  # the array itself goes out, no copy
+    msg = protocol.decode(frames_bytes(frames), token="t")
+    assert (msg.op, msg.worker, msg.step, msg.version, msg.keys) == ("push", 1, 7, 3, [4, 5])
+    assert msg.extra == {"want_params": True}
+    np.testing.assert_array_equal(msg.arrays[0], a)
+    np.testing.assert_array_equal(msg.arrays[1], b)
+
+
+def good(**over):
+    header = {"op": "push", "worker": 0, "step": 0, "version": 0, "keys": [0], "dtypes": ["float32"], "shapes": [[2]]}
+    header.update(over)
+    return [msgpack.packb(header), np.zeros(2, np.float32).tobytes()]
+
+
+@pytest.mark.parametrize("frames, message", [
+    ([], "empty message"),
+    ([b"\xc1\xff garbage"], "not valid msgpack"),
+    ([msgpack.packb([1, 2])], "must be a map"),
+    ([msgpack.packb({"op": "push", "worker": 0, "step": 0})], "lacks required field 'version'"),
+    (good(worker="0"), "'worker' must be int"),
+    (good(op="rm -rf"), "unknown op"),
+    (good(dtypes=["object"]), "dtype 'object' not allowed"),
+    (good(shapes=[[3]]), "needs 12 bytes, frame has 8"),
+    (good(shapes=[[-2]]), "non-negative"),
+    (good(keys=[0, 1]), "2 keys, 1 dtypes"),
+    (good()[:1], "1 keys, 1 dtypes, 1 shapes but the message has 0"),
+    ([good()[0], b"\x00" * 5], "frame has 5"),  # truncated
+])
+def test_decode_rejects(frames, message):
+    with pytest.raises(protocol.ProtocolError, match=re.escape(message)):
+        protocol.decode(frames)
+
+
+def test_decode_rejects_oversize_and_wrong_token():
+    with pytest.raises(protocol.ProtocolError, match="exceeds the limit"):
+        protocol.decode(good(), max_bytes=10)
+    with pytest.raises(protocol.ProtocolError, match="wrong token"):
+        protocol.decode(good(token="nope"), token="secret")
+    with pytest.raises(protocol.ProtocolError, match="wrong token"):
+        protocol.decode(good(), token="secret")
+    assert protocol.decode(good(token="secret"), token="secret").op == "push"
+
+
+def test_no_pickle_in_ps_package():
+    for path in (ROOT / "systems" / "ps").rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"\b(import\s+pickle|from\s+pickle|cPickle|dill|cloudpickle)\b", text), path
+        assert "allow_pickle=True" not in text, path
+        assert ".loads(" not in text or "json.loads" in text, path
+
+
+# ---- partition ----------------------------------------------------------------------------------
+
+def test_partition_by_size_contiguous_and_balanced():
+    assert partition_keys([8192, 128, 8192, 64, 640, 10], 2) == [[0, 1], [2, 3, 4, 5]]
+    assert partition_keys([1, 1, 1, 1], 4) == [[0], [1], [2], [3]]
+    assert partition_keys([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        sizes = rng.integers(1, 1000, size=int(rng.integers(1, 30))).tolist()
+        s = int(rng.integers(1, len(sizes) + 1))
+        shards = partition_keys(sizes, s)
+        assert [k for ks in shards for k in ks] == list(range(len(sizes)))
+        assert len(shards) == s and all(shards)
+        # balanced: no shard exceeds the ideal share by more than the largest single key
+        assert max(sum(sizes[k] for k in ks) for ks in shards) <= sum(sizes) / s + max(sizes)
+    with pytest.raises(ConfigError, match="at most 2 server shards"):
+        partition_keys([5, 5], 3)
+
+
+# ---- optimizer and mitigations --------------------------------------------------------------------
+
+def test_sgd_matches_torch_with_momentum_and_weight_decay():
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal((4, 3)).astype(np.float32)
+    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=0.01)
+    sgd, w, buf = SGD(0.9, 0.01), w0.copy(), np.zeros_like(w0)
+    for _ in range(5):
+        g = rng.standard_normal((4, 3)).astype(np.float32)
+        p.grad = torch.from_numpy(g.copy())
+        opt.step()
+        w_before = w
+        w = sgd.step(w, g, buf, 0.1)
+        assert w is not w_before  # never in place: a zero-copy reply in flight keeps its values
+    np.testing.assert_allclose(w, p.detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_mitigations_by_hand():
+    g = np.array([1.0, -2.0, 0.5], np.float32)
+    w_now = np.array([0.3, 0.0, 1.0], np.float32)
+    w_pulled = np.array([0.1, 0.0, 1.5], np.float32)
+    # staleness-aware lr: lr / max(1, tau)
+    assert StalenessLR().adjust(0, g, 0.1, 4, w_now, w_pulled)[1] == pytest.approx(0.025)
+    assert StalenessLR().adjust(0, g, 0.1, 0, w_now, w_pulled)[1] == pytest.approx(0.1)
+    # DC-ASGD, lambda 2: g + 2 * g*g*(w_now - w_pulled) = [1 + 2*1*0.2, -2 + 0, 0.5 + 2*0.25*(-0.5)]
+    out, lr = DCASGD(2.0).adjust(0, g, 0.1, 3, w_now, w_pulled)
+    np.testing.assert_allclose(out, [1.4, -2.0, 0.25], rtol=1e-6)
+    assert lr == 0.1
+    # gap-aware, first update: avg = |g| = [1, 2, .5]; lr*avg = [.1, .2, .05]; |dw| = [.2, 0, .5]
+    # gap = max(1, [2, 0, 10]) = [2, 1, 10]; g' = [.5, -2, .05]
+    ga = GapAware()
+    out, _ = ga.adjust(0, g, 0.1, 3, w_now, w_pulled)
+    np.testing.assert_allclose(out, [0.5, -2.0, 0.05], rtol=1e-5)
+    # second update with g2: avg = .9*[1,2,.5] + .1*|g2|, g2 = [3, 0, 0.5] -> avg = [1.2, 1.8, .5]
+    g2 = np.array([3.0, 0.0, 0.5], np.float32)
+    out, _ = ga.adjust(0, g2, 0.1, 1, w_now, w_pulled)
+    np.testing.assert_allclose(out, [3.0 / (0.2 / 0.12), 0.0, 0.5 / 10], rtol=1e-5)
+
+
+def test_parsers_and_options():
+    assert parse_consistency("ssp:3") == ("ssp", 3)
+    assert isinstance(parse_mitigation("dc-asgd:0.04"), DCASGD)
+    assert resolve_lr("auto", "asp", 4) == 0.25 and resolve_lr("auto", "bsp", 4) == 1.0
+    assert resolve_lr("0.5", "asp", 4) == 0.5
+    opts = parse_options(PSOptions, {"consistency": "ssp:2", "servers": "2", "mitigation": "gap-aware"}, "ps")
+    assert opts.servers == 2
+    for bad in [{"consistency": "ssp:x"}, {"consistency": "async"}, {"servers": "0"}, {"servers": "two"},
+                {"mitigation": "dc-asgd:abc"}, {"mitigation": "magic"}, {"lr_scaling": "-1"},
+                {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token": ""}, {"nope": 1}]:
+        with pytest.raises(ConfigError):
+            parse_options(PSOptions, bad, "ps")
+
+
+# ---- a shard, in-process ------------------------------------------------------------------------
+
+def send(shard: Shard, ident: bytes, op: str, worker: int, step: int = 0, arrays=(), **extra):
+    frames = protocol.encode(op, worker=worker, step=step, keys=list(range(len(arrays))), arrays=list(arrays), **extra)
+    shard.receive(ident, frames_bytes(frames), None, protocol.DEFAULT_MAX_BYTES)
+
+
+def replies(shard: Shard) -> list[tuple[bytes, protocol.Message]]:
+    out = [(ident, protocol.decode(frames_bytes(f))) for ident, f in shard.outbox]
+    shard.outbox.clear()
+    return out
+
+
+def make_shard(consistency: str, n: int = 2, mitigation: str = "none") -> Shard:
+    shard = Shard(0, n, lr=1.0, consistency=consistency, mitigation=mitigation)
+    send(shard, b"admin", "init", -1, arrays=[np.zeros(3, np.float32)])
+    assert replies(shard)[0][1].extra["initialised"]
+    return shard
+
+
+def test_bsp_waits_for_all_then_applies_the_average():
+    shard = make_shard("bsp")
+    send(shard, b"a", "push", 0, arrays=[np.full(3, 2.0, np.float32)], want_params=True)
+    assert replies(shard) == [] and shard.version == 0
+    send(shard, b"b", "push", 1, arrays=[np.full(3, 4.0, np.float32)], want_params=True)
+    out = replies(shard)
+    assert sorted(i for i, _ in out) == [b"a", b"b"]
+    for _, m in out:
+        assert m.op == "params" and m.extra["staleness"] == 0 and m.version == 1
+        np.testing.assert_allclose(m.arrays[0], -3.0)  # w - lr * mean(2, 4)
+
+
+def test_asp_staleness_counts_updates_since_the_pull():
+    shard = make_shard("asp")
+    send(shard, b"a", "pull", 0)
+    send(shard, b"b", "pull", 1)
+    replies(shard)
+    for _ in range(3):
+        send(shard, b"a", "push", 0, arrays=[np.ones(3, np.float32)], want_params=True)
+    send(shard, b"b", "push", 1, arrays=[np.ones(3, np.float32)])
+    taus = [m.extra["staleness"] for _, m in replies(shard)]
+    assert taus == [0, 0, 0, 3]
+
+
+def test_ssp_holds_a_worker_more_than_s_ahead():
+    shard = make_shard("ssp:1")
+    g = [np.ones(3, np.float32)]
+    send(shard, b"a", "push", 0, step=0, arrays=g, want_params=True)  # worker 0 now at step 1: 1 - 0 <= 1
+    assert len(replies(shard)) == 1
+    send(shard, b"a", "push", 0, step=1, arrays=g, want_params=True)  # would be at step 2: held
+    assert replies(shard) == []
+    send(shard, b"b", "push", 1, step=0, arrays=g, want_params=True)  # slowest now 1: both may go
+    assert sorted(i for i, _ in replies(shard)) == [b"a", b"b"]
+    send(shard, b"b", "bye", 1)
+    send(shard, b"a", "pull", 0, step=5)  # worker 1 left: nobody to wait for
+    assert [m.op for _, m in replies(shard)] == ["ok", "params"]
+    assert shard.policy.max_gap <= 1
+
+
+def test_bad_push_is_rejected_and_leaves_state_unchanged():
+    shard = make_shard("asp")
+    before = shard.params[0].copy()
+    send(shard, b"a", "push", 0, arrays=[np.ones(4, np.float32)])           # wrong shape
+    send(shard, b"a", "push", 5, arrays=[np.ones(3, np.float32)])           # unknown worker
+    send(shard, b"a", "push", -1, arrays=[np.ones(3, np.float32)])          # admin cannot push
+    send(shard, b"a", "init", -1, arrays=[np.ones(3, np.float32)])          # already initialised
+    out = replies(shard)
+    assert [m.op for _, m in out] == ["error"] * 4
+    assert "does not match the registered" in out[0][1].extra["error"]
+    np.testing.assert_array_equal(shard.params[0], before)
+    assert shard.version == 0 and shard.n_errors == 4
+
+
+def test_shard_dc_asgd_uses_the_params_the_worker_pulled():
+    shard = make_shard("asp", mitigation="dc-asgd:2")  # lr 1, no momentum, w0 = 0
+    g = np.array([1.0, 2.0, -1.0], np.float32)
+    send(shard, b"a", "pull", 0)                       # worker 0 holds w = 0
+    send(shard, b"b", "pull", 1)
+    send(shard, b"b", "push", 1, arrays=[g])           # fresh: w = -g = [-1, -2, 1]
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True)  # stale by 1
+    out = replies(shard)
+    assert out[-1][1].extra["staleness"] == 1
+    # g' = g + 2*g*g*(w_now - w_pulled) = [1, 2, -1] + 2*[1, 4, 1]*[-1, -2, 1] = [-1, -14, 1]
+    np.testing.assert_allclose(out[-1][1].arrays[0], np.array([-1, -2, 1]) - np.array([-1, -14, 1]))
+
+
+def test_shard_staleness_lr_damps_a_stale_update():
+    shard = make_shard("asp", mitigation="staleness-lr")
+    g = np.ones(3, np.float32)
+    send(shard, b"a", "pull", 0)
+    for _ in range(4):
+        send(shard, b"b", "push", 1, arrays=[g])       # w = -4 (worker 1 never pulled: tau grows but lr/tau)
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True)
+    last = replies(shard)[-1][1]
+    assert last.extra["staleness"] == 4
+    w_before = -(1 + 1 + 1 / 2 + 1 / 3)  # worker 1's own pushes had tau 0, 1, 2, 3
+    np.testing.assert_allclose(last.arrays[0], w_before - 1 / 4, rtol=1e-6)

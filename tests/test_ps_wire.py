@@ -1,0 +1,106 @@
+"""A real server shard process on a real socket: bad frames get error replies, the shard keeps
+serving with unchanged parameters, and it exits cleanly on shutdown."""
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+import numpy as np
+import psutil
+import zmq
+
+from systems.ps import protocol
+from systems.ps.launch import Cluster
+from systems.ps.worker import KVWorker
+
+TOKEN = "s3cret"
+SHAPES = [(4, 3), (3,)]
+
+
+def checksum(kv: KVWorker) -> str:
+    return hashlib.sha256(b"".join(a.tobytes() for a in kv.state())).hexdigest()
+
+
+def raw_request(sock: zmq.Socket, frames: list) -> protocol.Message:
+    sock.send_multipart(frames)
+    assert sock.poll(10000), "the server did not answer"
+    return protocol.decode(sock.recv_multipart())
+
+
+def test_server_rejects_bad_frames_and_keeps_serving():
+    with Cluster(1, 1, TOKEN) as cluster:
+        [address] = cluster.start_servers(["--lr", "0.5", "--momentum", "0.9", "--max-message-mb", "1"])
+        server_pid = cluster.children[0].proc.pid
+        with KVWorker([address], 0, SHAPES, TOKEN) as kv:
+            kv.init([np.ones(s, np.float32) for s in SHAPES])
+            before = checksum(kv)
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{address}")
+            grads = [np.ones(s, np.float32) for s in SHAPES]
+            ok = protocol.encode("push", worker=0, keys=[0, 1], arrays=grads, token=TOKEN)
+            bad = {
+                "malformed header": [b"\x92not msgpack", *ok[1:]],
+                "truncated tensor": [ok[0], bytes(memoryview(ok[1]))[:20], ok[2]],
+                "oversized": [ok[0], b"\x00" * (2 * 2**20)],
+                "wrong dtype": protocol.encode("push", worker=0, keys=[0, 1], token=TOKEN,
+                                               arrays=[g.astype(np.float64) for g in grads]),
+                "wrong shape": protocol.encode("push", worker=0, keys=[0, 1], token=TOKEN,
+                                               arrays=[np.ones((3, 4), np.float32), grads[1]]),
+                "wrong token": protocol.encode("push", worker=0, keys=[0, 1], arrays=grads, token="guess"),
+                "no token": protocol.encode("push", worker=0, keys=[0, 1], arrays=grads),
+                "missing keys": protocol.encode("push", worker=0, keys=[0], arrays=grads[:1], token=TOKEN),
+                "unknown op": [msgpack.packb({"op": "exec", "worker": 0, "step": 0, "version": 0, "token": TOKEN})],
+                "pickle bytes": [b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01."],
+            }
+            for name, frames in bad.items():
+                reply = raw_request(sock, [bytes(memoryview(f)) for f in frames])
+                assert reply.op == "error", name
+                assert reply.extra["error"], name
+            assert checksum(kv) == before  # nothing was applied
+            assert psutil.Process(server_pid).is_running()
+            # ... and it still serves: a good push is applied
+            reply = kv.push([0, 1], grads, want_params=True)
+            assert reply.version == 1
+            np.testing.assert_allclose(reply.params[0], 0.5)  # 1 - 0.5 * 1
+            stats = kv.stats()[0]
+            assert stats["errors"] == len(bad) and stats["applied"] == 1
+            sock.close()
+            kv.shutdown()
+        cluster.wait_servers()
+        assert cluster.children[0].proc.returncode == 0
+    assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_role_commands_by_hand(tmp_path):
+    """`psbench ps-server` and `psbench ps-worker` as an operator would start them on two hosts."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from systems.common import child_env
+
+    with socket.socket() as s:  # a free port for the operator's --bind
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = child_env({"PSBENCH_PS_TOKEN": TOKEN})
+    server = subprocess.Popen([sys.executable, "-m", "bench.cli", "ps-server", "--bind", f"127.0.0.1:{port}",
+                               "--workers", "1", "--workload", "logreg-digits", "--consistency", "ssp:1"],
+                              env=env, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out = tmp_path / "w0.json"
+        worker = subprocess.run([sys.executable, "-m", "bench.cli", "ps-worker", "--servers", f"127.0.0.1:{port}",
+                                 "--worker-id", "0", "--workload", "logreg-digits", "--max-steps", "20", "--init",
+                                 "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        rows = json.loads(out.read_text())["rows"]
+        assert rows["step"] == list(range(20)) and set(rows["staleness"]) == {0}
+        with KVWorker([f"127.0.0.1:{port}"], -1, [(10, 64), (10,)], TOKEN) as admin:
+            assert admin.stats()[0]["applied"] == 20
+            admin.shutdown()
+        assert server.wait(timeout=10) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
