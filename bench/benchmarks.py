@@ -31,12 +31,17 @@ def _bare_loop_samples_per_s(spec: RunSpec) -> float:
     return samples / (time.perf_counter() - start)
 
 
-def _harness_samples_per_s(spec: RunSpec) -> float:
-    """The `single` system through the harness: planned, recorded, evaluations paused off the clock."""
+def run_summary(spec: RunSpec) -> dict:
+    """Run a spec through the harness in this process (planned, recorded, nothing written); its summary."""
     planned = plan(spec)
     recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
     planned.system_cls().run(spec, planned.options, recorder)
-    return float(recorder.summary()["samples_per_s"])
+    return recorder.summary()
+
+
+def _harness_samples_per_s(spec: RunSpec) -> float:
+    """The `single` system through the harness: planned, recorded, evaluations paused off the clock."""
+    return float(run_summary(spec)["samples_per_s"])
 
 
 def harness_overhead(quick: bool = False) -> dict[str, float]:
@@ -52,3 +57,17 @@ def harness_overhead(quick: bool = False) -> dict[str, float]:
     harness = _harness_samples_per_s(spec)
     bare_after = _bare_loop_samples_per_s(spec)
     return {"single_vs_bare_loop": harness / ((bare_before + bare_after) / 2)}
+
+
+def ps_overhead(quick: bool = False) -> dict[str, float]:
+    """The parameter server against what it is built from, side by side: push+pull vs a raw pyzmq
+    echo of the same bytes, and ASP with 1 worker vs `single` (samples/s). Higher is better."""
+    from systems.ps.benchmarks import ratio_asp_vs_single, ratio_roundtrip
+
+    sizes = (1, 10) if quick else (1, 10, 100)
+    roundtrip = ratio_roundtrip(sizes_mb=sizes, reps={1: 20, 10: 6, 100: 3})
+    out = {f"roundtrip_{size}mb": roundtrip[f"roundtrip_{size}mb"] for size in sizes}
+    # cnn-mnist1d: enough compute per step that the ratio measures the PS, not timer noise.
+    asp = ratio_asp_vs_single({"cnn-mnist1d": 120 if quick else 300}, repeats=1)
+    out["asp1_vs_single_cnn_mnist1d"] = asp["asp1_vs_single_cnn-mnist1d"]
+    return out

@@ -96,15 +96,10 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
 # ---- (b) and (c): whole runs ----------------------------------------------------------------------
 
 def _run(system: str, workload: str, workers: int, options: dict[str, Any], **spec_kw: Any) -> dict[str, Any]:
-    from bench.records import Recorder
-    from bench.runner import plan
+    from bench.benchmarks import run_summary
     from bench.spec import RunSpec
 
-    spec = RunSpec(system=system, workload=workload, workers=workers, options=options, **spec_kw)
-    planned = plan(spec)
-    recorder = Recorder(spec)
-    planned.system_cls().run(spec, planned.options, recorder)
-    return recorder.summary()
+    return run_summary(RunSpec(system=system, workload=workload, workers=workers, options=options, **spec_kw))
 
 
 ASP_VS_SINGLE_STEPS = {"mlp-digits": 400, "cnn-mnist1d": 300, "resnet-synthetic": 40}
