@@ -66,7 +66,7 @@ class Prepared:
 
 def prepare(spec: RunSpec) -> Prepared:
     workload = get_workload(spec.workload)
-    data = workload.load_data(spec.seed, spec.data_dir)
+    data = workload.load_data(data_dir=spec.data_dir)
     plan = make_shards(data.y_train, data.x_train, spec.workers, spec.sharding, spec.seed)
     return Prepared(spec, workload, data, plan,
                     epochs=spec.epochs or workload.epochs,

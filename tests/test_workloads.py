@@ -119,3 +119,13 @@ def test_cifar10_binary_loader_reads_files_the_test_writes(tmp_path: Path) -> No
     (folder / "test_batch.bin").write_bytes(raw_t[:-10])
     with pytest.raises(ConfigError, match="record size"):
         get_workload("resnet-cifar10").load_data(seed=0, data_dir=tmp_path)
+
+
+def test_a_workloads_split_is_fixed_so_seeds_vary_only_init_shards_and_order() -> None:
+    from bench.spec import RunSpec
+    from systems.common import prepare
+
+    a, b = prepare(RunSpec("single", "mlp-digits", seed=0)), prepare(RunSpec("single", "mlp-digits", seed=1))
+    assert np.array_equal(a.data.x_val, b.data.x_val) and np.array_equal(a.data.y_train, b.data.y_train)
+    first = [p.detach().clone() for p in a.build_model().parameters()]
+    assert not all(torch.equal(p, q) for p, q in zip(first, b.build_model().parameters()))

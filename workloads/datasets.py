@@ -53,17 +53,42 @@ def load_digits(seed: int, data_dir: Path | None = None) -> Dataset:
     return _split("digits", x, bunch.target, 10, seed)
 
 
-def load_mnist1d(seed: int, data_dir: Path | None = None) -> Dataset:
-    """MNIST-1D (Greydanus 2020), generated offline by the `mnist1d` package: 4000/1000 split."""
-    from mnist1d.data import get_dataset_args, make_dataset
+def cache_dir() -> Path:
+    """Where generated datasets are kept between processes ($PSBENCH_CACHE, else ~/.cache/psbench)."""
+    import os
 
-    args = get_dataset_args()
-    args.seed = 42  # the benchmark's canonical data; the run seed only changes order/init
-    data = make_dataset(args)
-    x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
-    y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+    return Path(os.environ.get("PSBENCH_CACHE", Path.home() / ".cache" / "psbench"))
+
+
+def load_mnist1d(seed: int, data_dir: Path | None = None) -> Dataset:
+    """MNIST-1D (Greydanus 2020), generated offline by the `mnist1d` package: 4000/1000 split.
+    Generating takes seconds, and every worker process loads it, so the arrays are cached."""
+    cached = cache_dir() / "mnist1d-seed42.npz"
+    if cached.is_file():
+        with np.load(cached) as arrays:
+            x, y = arrays["x"], arrays["y"]
+    else:
+        from mnist1d.data import get_dataset_args, make_dataset
+
+        args = get_dataset_args()
+        args.seed = 42  # the benchmark's canonical data
+        data = make_dataset(args)
+        x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
+        y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
+        _save_npz_atomically(cached, x=x, y=y)
     x = _standardise(x)[:, None, :]  # (n, 1, 40): one channel for the 1-D CNN
     return _split("mnist1d", x, y, 10, seed)
+
+
+def _save_npz_atomically(path: Path, **arrays: np.ndarray) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
 
 
 def make_synthetic(seed: int, n_samples: int = 4000, n_features: int = 28, n_classes: int = 2,

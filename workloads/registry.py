@@ -11,6 +11,9 @@ from workloads.errors import ConfigError
 from workloads.models import build_model
 
 
+DATA_SEED = 0
+
+
 @dataclass(frozen=True)
 class OptimizerSettings:
     lr: float = 0.05
@@ -31,7 +34,9 @@ class Workload:
     model_options: dict = field(default_factory=dict)
     description: str = ""
 
-    def load_data(self, seed: int, data_dir: Path | str | None = None) -> Dataset:
+    def load_data(self, seed: int = DATA_SEED, data_dir: Path | str | None = None) -> Dataset:
+        """The dataset and its train/val split are fixed (DATA_SEED), like a benchmark's published
+        split; a run's seed varies what a run varies: initial weights, shards and batch order."""
         return load_dataset(self.dataset, seed, Path(data_dir) if data_dir else None)
 
     def build_model(self, data: Dataset, seed: int) -> nn.Module:
