@@ -11,6 +11,8 @@ from workloads.errors import ConfigError
 
 REGISTRY: dict[str, str] = {
     "single": "systems.single.adapter:SingleSystem",
+    "ddp": "systems.ddp.adapter:DDPSystem",
+    "horovod": "systems.horovod.adapter:HorovodSystem",
 }
 
 
