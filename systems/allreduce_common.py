@@ -5,7 +5,7 @@ reduction); everything else (data, steps, clock, evaluation, records, final stat
 
 Files a worker writes into its job directory (read back by systems/allreduce_launch.py; no pickle):
   rank{r}.steps.csv   one row per step: worker, step, t_wall, n_samples, loss, bytes
-  rank0.meta.json     clock (t_start/t_end epoch seconds, paused_s), evals, steps done
+  rank{r}.meta.json   clock (t_start/t_end epoch seconds, paused_s), steps done; rank 0: evals
   weights.npy / momentum.npy   rank 0's final flat weights and SGD momentum buffers (raw float32)
   rank{r}.error.json  on an exception: time, rank, one-line summary and traceback
 
@@ -21,10 +21,9 @@ import sys
 import threading
 import time
 import traceback
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -39,7 +38,7 @@ FAULT_ENV = "PSBENCH_INJECT_FAULT"
 STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes"]
 
 # Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
-# sync phase on every rank (the decision is shared by one flag reduction).
+# sync phase on every rank (the decision is shared by one small reduction).
 StopFn = Callable[[int, dict[str, tuple[float, float]]], bool]
 
 
@@ -53,14 +52,14 @@ class Comm(Protocol):
 
     def barrier(self) -> None: ...
 
-    def any_flag(self, flag: bool) -> bool:
-        """True on every rank if any rank passed True."""
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """Elementwise sum over ranks of a few floats (float64), the result on every rank."""
 
     def shutdown(self) -> None: ...
 
 
 class Clock:
-    """Training clock of one worker: starts after set-up, leaves out paused spans (evaluation)."""
+    """Training clock of one worker: starts after set-up, leaves out rank 0's evaluation spans."""
 
     def __init__(self) -> None:
         self.t_start = 0.0
@@ -75,14 +74,6 @@ class Clock:
 
     def now(self) -> float:
         return time.time() - self.t_start - self.paused_s
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        begin = time.time()
-        try:
-            yield
-        finally:
-            self.paused_s += time.time() - begin
 
 
 @dataclass
@@ -149,9 +140,8 @@ def _fault_step(rank: int) -> int | None:
 def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
              max_steps: int | None = None) -> SyncResult:
     """Synchronous data-parallel training on this rank's shard until the step budget (or
-    `max_steps`) runs out or `should_stop` fires. Rank 0 evaluates at single's cadence, off the
-    clock: all ranks pause while it evaluates, and the flag reduction that shares the stop decision
-    ends the pause everywhere at once."""
+    `max_steps`) runs out or `should_stop` fires. Rank 0 evaluates at single's cadence (step 0,
+    every `eval_every` steps, and at the end), off the clock: all ranks pause while it evaluates."""
     rank, world = comm.rank, comm.size
     model = prep.build_model()  # same seed on every rank: same initial weights
     loss_fn = prep.workload.loss_fn()
@@ -166,15 +156,23 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     clock = result.clock
 
     def eval_point(step: int) -> bool:
-        with clock.paused():
-            stop = False
-            if rank == 0:
-                t_wall = clock.now()
-                splits = evaluate_splits(model, loss_fn, prep.data)
-                for split, (loss, acc) in splits.items():
-                    result.evals.append({"step": step, "t_wall": t_wall, "split": split, "loss": loss, "accuracy": acc})
-                stop = bool(should_stop and should_stop(step, splits))
-            return comm.any_flag(stop)
+        # Rank 0 is the clock: after a barrier it evaluates, and one reduction shares its
+        # evaluation time and stop decision, so every rank keeps the same span off its clock and
+        # step times of all ranks stay comparable. Waiting at the barrier for a slower rank stays
+        # on the clock: that is synchronisation cost.
+        comm.barrier()
+        stop, eval_s = False, 0.0
+        if rank == 0:
+            begin = time.time()
+            t_wall = clock.now()
+            splits = evaluate_splits(model, loss_fn, prep.data)
+            for split, (loss, acc) in splits.items():
+                result.evals.append({"step": step, "t_wall": t_wall, "split": split, "loss": loss, "accuracy": acc})
+            stop = bool(should_stop and should_stop(step, splits))
+            eval_s = time.time() - begin
+        any_stop, eval_s = comm.sum_floats([1.0 if stop else 0.0, eval_s])
+        clock.paused_s += eval_s
+        return any_stop > 0
 
     comm.barrier()
     clock.start()
@@ -226,13 +224,13 @@ def write_outputs(job_dir: Path, rank: int, result: SyncResult) -> None:
         writer.writeheader()
         writer.writerows(result.step_rows)
     os.replace(tmp, job_dir / f"rank{rank}.steps.csv")
+    meta = {"rank": rank, "t_start": result.clock.t_start, "t_end": result.clock.t_end,
+            "paused_s": result.clock.paused_s, "steps": result.steps, "evals": result.evals}
+    tmp = job_dir / f".rank{rank}.meta.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, job_dir / f"rank{rank}.meta.json")
     if rank == 0:
         save_state(job_dir, result.weights, result.momentum)
-        meta = {"t_start": result.clock.t_start, "t_end": result.clock.t_end,
-                "paused_s": result.clock.paused_s, "steps": result.steps, "evals": result.evals}
-        tmp = job_dir / ".rank0.meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, job_dir / "rank0.meta.json")
 
 
 def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:

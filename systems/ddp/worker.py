@@ -28,10 +28,10 @@ class DDPComm:
     def barrier(self) -> None:
         dist.barrier()
 
-    def any_flag(self, flag: bool) -> bool:
-        t = torch.tensor([1.0 if flag else 0.0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
+    def sum_floats(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
 
     def shutdown(self) -> None:
         dist.destroy_process_group()

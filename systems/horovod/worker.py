@@ -34,9 +34,9 @@ class HorovodComm:
     def barrier(self) -> None:
         self.hvd.allreduce(torch.zeros(1), name=self._name("barrier"), op=self.hvd.Sum)
 
-    def any_flag(self, flag: bool) -> bool:
-        t = self.hvd.allreduce(torch.tensor([1.0 if flag else 0.0]), name=self._name("flag"), op=self.hvd.Sum)
-        return bool(t.item() > 0)
+    def sum_floats(self, values: list[float]) -> list[float]:
+        t = self.hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=self._name("sum"), op=self.hvd.Sum)
+        return t.tolist()
 
     def shutdown(self) -> None:
         self.hvd.shutdown()
