@@ -239,9 +239,12 @@ def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:
     (Path(job_dir) / f"rank{rank}.error.json").write_text(json.dumps(info))
 
 
-def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -1) -> int:
+def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -1,
+                should_stop: StopFn | None = None, max_steps: int | None = None) -> int:
     """Body of a worker process: set up, train, write outputs; on failure write rank{r}.error.json.
-    `rank_hint` names the rank in an error raised before the communicator knows it (-1: unknown)."""
+    `rank_hint` names the rank in an error raised before the communicator knows it (-1: unknown).
+    With `should_stop`/`max_steps` it is the sync phase of a switch: weights.npy and momentum.npy
+    in the job directory are where the async phase starts."""
     job_dir = Path(job_dir)
     _exit_with_parent()
     configure_threads(1)
@@ -251,7 +254,7 @@ def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -
         prep = prepare(spec)
         comm = make_comm()
         rank = comm.rank
-        result = run_sync(prep, comm)
+        result = run_sync(prep, comm, should_stop, max_steps)
         write_outputs(job_dir, rank, result)
         comm.shutdown()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
