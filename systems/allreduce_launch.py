@@ -5,11 +5,9 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
-from contextlib import closing
 from pathlib import Path
 from typing import Callable
 
@@ -25,12 +23,6 @@ GRACE_S = 3.0  # after a failure, how long the other processes get to write thei
 
 class WorkerFailed(RuntimeError):
     """A worker process of an allreduce run failed or the run timed out; the message names the rank."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def new_job(spec: RunSpec) -> Path:

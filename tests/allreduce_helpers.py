@@ -1,8 +1,9 @@
 """Checks shared by tests/test_ddp.py and tests/test_horovod.py: one system, same assertions."""
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,30 @@ def train(system_cls: Any, spec: RunSpec, options: Any, state_dir: Path) -> Trai
     start = time.time()
     system_cls().run(spec, options, recorder, state_out=state_dir)
     return TrainedRun(spec, recorder, state_dir, time.time() - start)
+
+
+@dataclass
+class ListenWatch:
+    """Collects the addresses that this process's descendants listen on, while a run is going."""
+    addresses: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _poll(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(0.1):
+            pids = {c.pid for c in me.children(recursive=True)}
+            for conn in psutil.net_connections("inet"):
+                if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+                    self.addresses.add(conn.laddr.ip)
+
+    def __enter__(self) -> "ListenWatch":
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def leftover_workers(module: str, since: float) -> list[psutil.Process]:

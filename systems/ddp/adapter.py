@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.records import Recorder
 from bench.spec import RunSpec
-from systems.allreduce_launch import free_port, run_job
+from systems.allreduce_launch import run_job
 from systems.base import option
 from systems.common import child_env, prepare
 from workloads.errors import ConfigError
@@ -18,7 +19,7 @@ from workloads.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class DDPOptions:
     master_addr: str = option("127.0.0.1", "address of rank 0's rendezvous store (the node with node_rank 0)")
-    master_port: int = option(0, "port of the rendezvous store; 0 picks a free port (single node only)")
+    master_port: int = option(0, "port of the rendezvous store (rank 0 listens there); 0: a free port, single node only")
     nnodes: int = option(1, "hosts taking part; each runs workers/nnodes ranks (start psbench on each)")
     node_rank: int = option(0, "this host's index in 0..nnodes-1; node 0 holds rank 0 and records evals")
     timeout_s: float = option(1800.0, "stop every worker and fail after this many seconds")
@@ -34,6 +35,16 @@ class DDPOptions:
             raise ConfigError("option master_port must be given (not 0) when nnodes > 1: every node needs it")
         if self.timeout_s <= 0:
             raise ConfigError(f"option timeout_s must be > 0, got {self.timeout_s}")
+
+
+def bind_store_socket(addr: str, port: int) -> socket.socket:
+    """The rendezvous store's listening socket, bound to master_addr only (port 0: a free one)."""
+    try:
+        sock = socket.create_server((addr, port), backlog=128)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on master_addr:master_port {addr}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def is_loopback(addr: str) -> bool:
@@ -64,18 +75,29 @@ class DDPSystem:
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
         local = spec.workers // options.nnodes
         ranks = [options.node_rank * local + i for i in range(local)]
-        port = options.master_port or free_port(options.master_addr)
         # gloo picks its interface from the hostname unless told; keep local runs on loopback.
         env = child_env({"GLOO_SOCKET_IFNAME": "lo"} if is_loopback(options.master_addr) else None)
+        listener = bind_store_socket(options.master_addr, options.master_port) if 0 in ranks else None
+        port = listener.getsockname()[1] if listener else options.master_port
 
         def launch(job: Path, procs: list[subprocess.Popen]) -> None:
             for rank in ranks:
                 cmd = [sys.executable, "-m", "systems.ddp.worker", "--job", str(job), "--rank", str(rank),
                        "--world", str(spec.workers), "--master-addr", options.master_addr,
                        "--master-port", str(port), "--timeout-s", str(options.timeout_s)]
+                fds: tuple[int, ...] = ()
+                if rank == 0 and listener is not None:
+                    cmd += ["--listen-fd", str(listener.fileno())]
+                    fds = (listener.fileno(),)
                 with open(job / f"rank{rank}.log", "wb") as log:
                     procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL))
+                                                  stdin=subprocess.DEVNULL, pass_fds=fds))
+            if listener is not None:
+                listener.close()  # rank 0 holds its own copy now
 
-        run_job(self.name, spec, recorder, launch, options.timeout_s, ranks, state_out,
-                rank_of=lambda i: ranks[i])
+        try:
+            run_job(self.name, spec, recorder, launch, options.timeout_s, ranks, state_out,
+                    rank_of=lambda i: ranks[i])
+        finally:
+            if listener is not None:
+                listener.close()

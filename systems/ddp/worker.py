@@ -15,9 +15,14 @@ from systems.allreduce_common import exit_now, worker_main
 
 
 class DDPComm:
-    def __init__(self, rank: int, world: int, master_addr: str, master_port: int, timeout_s: float):
-        dist.init_process_group("gloo", init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout_s))
+    def __init__(self, rank: int, world: int, master_addr: str, master_port: int, timeout_s: float,
+                 listen_fd: int | None = None):
+        timeout = timedelta(seconds=timeout_s)
+        # Rank 0 serves the rendezvous store on a socket its launcher bound to master_addr and
+        # handed over (no free-port race; torch's own store would listen on every interface).
+        store = dist.TCPStore(master_addr, master_port, world, is_master=listen_fd is not None,
+                              timeout=timeout, master_listen_fd=listen_fd)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         self.rank, self.size = rank, world
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -45,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master-addr", required=True)
     p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--listen-fd", type=int, help="rank 0: listening socket for the rendezvous store")
     args = p.parse_args(argv)
     return worker_main(args.job, lambda: DDPComm(args.rank, args.world, args.master_addr, args.master_port,
-                                                  args.timeout_s), rank_hint=args.rank)
+                                                  args.timeout_s, args.listen_fd), rank_hint=args.rank)
 
 
 if __name__ == "__main__":

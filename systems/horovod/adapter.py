@@ -12,6 +12,7 @@ from bench.spec import RunSpec
 from systems.allreduce_launch import run_job
 from systems.base import option
 from systems.common import child_env, prepare
+from systems.horovod.run import LOOPBACK_ENV
 from workloads.errors import ConfigError
 
 NOT_INSTALLED = "horovod is not installed: run `make horovod`"
@@ -31,13 +32,16 @@ class HorovodOptions:
                 raise ConfigError(f"option hosts: '{entry}' is not HOST or HOST:SLOTS (e.g. localhost:2)")
 
 
-def horovodrun_command() -> list[str]:
-    """The horovodrun of this interpreter's environment (the venv's bin), else the one on PATH."""
+def horovodrun_command(local: bool) -> list[str]:
+    """horovodrun of this interpreter's environment. For localhost-only runs it goes through
+    systems.horovod.run, the same command line with horovodrun's servers bound to 127.0.0.1."""
+    if local:
+        return [sys.executable, "-m", "systems.horovod.run"]
     beside = Path(sys.executable).parent / "horovodrun"
     if beside.exists():
         return [str(beside)]
     found = shutil.which("horovodrun")
-    return [found] if found else [sys.executable, "-m", "horovod.runner.launch"]
+    return [found] if found else [sys.executable, "-m", "systems.horovod.run"]
 
 
 def is_local(hosts: str) -> bool:
@@ -65,11 +69,13 @@ class HorovodSystem:
         prep = prepare(spec)
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
         hosts = options.hosts or f"localhost:{spec.workers}"
-        extra = ["--network-interfaces", "lo"] if is_local(hosts) else []
-        env = child_env({"HOROVOD_GLOO_IFACE": "lo"} if is_local(hosts) else None)
+        local = is_local(hosts)
+        # Local runs stay on loopback: gloo on `lo`, horovodrun's servers on 127.0.0.1.
+        extra = ["--network-interfaces", "lo"] if local else []
+        env = child_env({"HOROVOD_GLOO_IFACE": "lo", LOOPBACK_ENV: "1"} if local else None)
 
         def launch(job: Path, procs: list[subprocess.Popen]) -> None:
-            cmd = horovodrun_command() + ["--gloo", "-np", str(spec.workers), "-H", hosts, *extra,
+            cmd = horovodrun_command(local) + ["--gloo", "-np", str(spec.workers), "-H", hosts, *extra,
                                           sys.executable, "-m", "systems.horovod.worker", "--job", str(job)]
             with open(job / "horovodrun.log", "wb") as log:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
