@@ -1,7 +1,7 @@
 """Worker-side loop shared by the allreduce systems (DDP over gloo, Horovod).
 
-The two systems differ only in a small `Comm` object (how gradients move, a barrier, one flag
-reduction); everything else (data, steps, clock, evaluation, records, final state) is here.
+The two systems differ only in a small `Comm` object (how gradients move, a barrier, a sum of a
+few floats); everything else (data, steps, clock, evaluation, records, final state) is here.
 
 Files a worker writes into its job directory (read back by systems/allreduce_launch.py; no pickle):
   rank{r}.steps.csv   one row per step: worker, step, t_wall, n_samples, loss, bytes
