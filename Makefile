@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick regress clean
+.PHONY: setup test bench bench-quick regress clean horovod test-horovod
 
 setup: $(STAMP)
 
@@ -28,6 +28,21 @@ bench-quick: setup
 # Throughput ratios vs bench/baselines/regress.json; non-zero exit on a regression beyond tolerance.
 regress: setup
 	$(BIN)/psbench regress --quick
+
+# Real Horovod 0.28.1 built against the pinned torch (patch in systems/horovod/patches/); the
+# wheel is cached in .cache/horovod, so a second `make horovod` only reinstalls it. Runtime deps
+# are Horovod's install_requires (the wheel itself goes in with --no-deps so torch stays pinned).
+HOROVOD_CACHE ?= .cache/horovod
+horovod: setup
+	@wheel=$$(bash systems/horovod/build_wheel.sh $(BIN)/python $(HOROVOD_CACHE)) && \
+	  echo "installing $$wheel" && \
+	  $(BIN)/python -m pip install -q --no-deps --force-reinstall "$$wheel" && \
+	  $(BIN)/python -m pip install -q cloudpickle psutil pyyaml packaging cffi && \
+	  $(BIN)/python -c 'import horovod, horovod.torch; print("horovod", horovod.__version__, "imports")'
+
+# The Horovod tests; in `make test` they are an explicit skip while Horovod is not installed.
+test-horovod: setup
+	$(BIN)/python -m pytest -q -m horovod -rs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

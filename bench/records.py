@@ -67,6 +67,12 @@ class Recorder:
         current = self._pause_start if self._pause_start is not None else time.time()
         return current - self.t0 - self._paused_s
 
+    def adopt_clock(self, t0: float, t_end: float, paused_s: float) -> None:
+        """For runs timed inside other processes (allreduce workers): their training start and end
+        (epoch seconds) and the time they kept off the clock (evaluation) become this run's clock."""
+        self.t0, self.t_end, self._paused_s = t0, t_end, paused_s
+        self.extra.setdefault("setup_s", t0 - self.created_at)
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Time spent inside (evaluation, say) is not training time."""

@@ -12,6 +12,8 @@ from workloads.errors import ConfigError
 REGISTRY: dict[str, str] = {
     "single": "systems.single.adapter:SingleSystem",
     "ps": "systems.ps.adapter:PSSystem",
+    "ddp": "systems.ddp.adapter:DDPSystem",
+    "horovod": "systems.horovod.adapter:HorovodSystem",
 }
 
 

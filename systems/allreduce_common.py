@@ -1,0 +1,291 @@
+"""Worker-side loop shared by the allreduce systems (DDP over gloo, Horovod).
+
+The two systems differ only in a small `Comm` object (how gradients move, a barrier, a sum of a
+few floats); everything else (data, steps, clock, evaluation, records, final state) is here.
+
+Files a worker writes into its job directory (read back by systems/allreduce_launch.py; no pickle):
+  rank{r}.steps.csv   one row per step: worker, step, t_wall, n_samples, loss, bytes
+  rank{r}.meta.json   clock (t_start/t_end epoch seconds, paused_s), steps done; rank 0: evals
+  weights.npy / momentum.npy   rank 0's final flat weights and SGD momentum buffers (raw float32)
+  rank{r}.error.json  on an exception: time, rank, one-line summary and traceback
+
+`run_sync` is also the sync phase of a later Strategy-Switch: it stops when a criterion says so
+and returns the weights and momentum buffers that an async phase can start from.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from bench.spec import RunSpec
+from systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, forward_backward,
+                            make_optimizer, prepare)
+
+# "RANK:STEP": that rank raises at that step. A test hook for failure handling, off unless set.
+FAULT_ENV = "PSBENCH_INJECT_FAULT"
+STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes"]
+
+# Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
+# sync phase on every rank (the decision is shared by one small reduction).
+StopFn = Callable[[int, dict[str, tuple[float, float]]], bool]
+
+
+class Comm(Protocol):
+    """How one allreduce system moves data; all calls are collective except `wrap`'s local part."""
+    rank: int
+    size: int
+
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Return (model to train, optimizer to step) such that step() applies averaged gradients."""
+
+    def barrier(self) -> None: ...
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """Elementwise sum over ranks of a few floats (float64), the result on every rank."""
+
+    def shutdown(self) -> None: ...
+
+
+class Clock:
+    """Training clock of one worker: starts after set-up, leaves out rank 0's evaluation spans."""
+
+    def __init__(self) -> None:
+        self.t_start = 0.0
+        self.t_end = 0.0
+        self.paused_s = 0.0
+
+    def start(self) -> None:
+        self.t_start = time.time()
+
+    def stop(self) -> None:
+        self.t_end = time.time()
+
+    def now(self) -> float:
+        return time.time() - self.t_start - self.paused_s
+
+
+@dataclass
+class SyncResult:
+    steps: int                    # steps done on every rank
+    weights: np.ndarray           # rank's final flat parameters (float32)
+    momentum: np.ndarray          # flat SGD momentum buffers, zeros where none yet (float32)
+    stopped_early: bool = False   # the stop criterion fired before the step budget
+    step_rows: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    clock: Clock = field(default_factory=Clock)
+
+
+def common_steps(prep: Prepared, world: int) -> int:
+    """Every rank must do the same number of steps (each step is a collective): the smallest budget."""
+    return min(prep.total_steps(w) for w in range(world))
+
+
+def ring_allreduce_bytes(n_params: int, world: int) -> int:
+    """Bytes one rank sends per ring allreduce of float32 gradients: 2 (N-1)/N of the buffer."""
+    return int(2 * (world - 1) * n_params * 4 // world) if world > 1 else 0
+
+
+def flat_momentum(model: nn.Module, optimizer: torch.optim.Optimizer) -> np.ndarray:
+    parts = []
+    for p in model.parameters():
+        buf = optimizer.state.get(p, {}).get("momentum_buffer")
+        parts.append((buf if buf is not None else torch.zeros_like(p)).detach().reshape(-1))
+    return torch.cat(parts).numpy().astype(np.float32)
+
+
+@torch.no_grad()
+def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: np.ndarray, momentum: np.ndarray) -> None:
+    """Continue from a sync phase: set the weights and the SGD momentum buffers (async phase start)."""
+    offset = 0
+    for p in model.parameters():
+        n = p.numel()
+        p.copy_(torch.from_numpy(np.asarray(weights[offset:offset + n])).view_as(p))
+        optimizer.state[p]["momentum_buffer"] = torch.from_numpy(np.array(momentum[offset:offset + n])).view_as(p).clone()
+        offset += n
+
+
+def save_state(directory: Path, weights: np.ndarray, momentum: np.ndarray) -> None:
+    for name, arr in (("weights", weights), ("momentum", momentum)):
+        tmp = directory / f".{name}.npy.tmp"
+        with open(tmp, "wb") as fh:
+            np.save(fh, np.asarray(arr, dtype=np.float32), allow_pickle=False)
+        os.replace(tmp, directory / f"{name}.npy")
+
+
+def read_state(directory: Path) -> tuple[np.ndarray, np.ndarray]:
+    return (np.load(Path(directory) / "weights.npy", allow_pickle=False),
+            np.load(Path(directory) / "momentum.npy", allow_pickle=False))
+
+
+def _fault_step(rank: int) -> int | None:
+    raw = os.environ.get(FAULT_ENV, "")
+    if not raw:
+        return None
+    want_rank, step = raw.split(":")
+    return int(step) if int(want_rank) == rank else None
+
+
+def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
+             max_steps: int | None = None) -> SyncResult:
+    """Synchronous data-parallel training on this rank's shard until the step budget (or
+    `max_steps`) runs out or `should_stop` fires. Rank 0 evaluates at single's cadence (step 0,
+    every `eval_every` steps, and at the end), off the clock: all ranks pause while it evaluates."""
+    rank, world = comm.rank, comm.size
+    model = prep.build_model()  # same seed on every rank: same initial weights
+    loss_fn = prep.workload.loss_fn()
+    train_model, optimizer = comm.wrap(model, make_optimizer(model, prep.workload, prep.lr))
+    n_steps = common_steps(prep, world)
+    if max_steps is not None:
+        n_steps = min(n_steps, max_steps)
+    every = prep.eval_every()
+    nbytes = ring_allreduce_bytes(sum(p.numel() for p in model.parameters()), world)
+    fault = _fault_step(rank)
+    result = SyncResult(0, np.empty(0, np.float32), np.empty(0, np.float32))
+    clock = result.clock
+
+    def eval_point(step: int) -> bool:
+        # Rank 0 is the clock: after a barrier it evaluates, and one reduction shares its
+        # evaluation time and stop decision, so every rank keeps the same span off its clock and
+        # step times of all ranks stay comparable. Waiting at the barrier for a slower rank stays
+        # on the clock: that is synchronisation cost.
+        comm.barrier()
+        stop, eval_s = False, 0.0
+        if rank == 0:
+            begin = time.time()
+            t_wall = clock.now()
+            splits = evaluate_splits(model, loss_fn, prep.data)
+            for split, (loss, acc) in splits.items():
+                result.evals.append({"step": step, "t_wall": t_wall, "split": split, "loss": loss, "accuracy": acc})
+            stop = bool(should_stop and should_stop(step, splits))
+            eval_s = time.time() - begin
+        any_stop, eval_s = comm.sum_floats([1.0 if stop else 0.0, eval_s])
+        clock.paused_s += eval_s
+        return any_stop > 0
+
+    comm.barrier()
+    clock.start()
+    done = 0
+    stopped = eval_point(0)
+    for step, x, y in prep.batches(rank):
+        if stopped or step >= n_steps:
+            break
+        if fault is not None and step == fault:
+            raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
+        loss = forward_backward(train_model, loss_fn, x, y)
+        optimizer.step()
+        done = step + 1
+        result.step_rows.append({"worker": rank, "step": step, "t_wall": clock.now(), "n_samples": len(y),
+                                 "loss": loss, "bytes": nbytes})
+        if done % every == 0 or done == n_steps:
+            stopped = eval_point(done)
+    clock.stop()
+    result.steps = done
+    result.stopped_early = stopped and done < n_steps
+    result.weights = flat_params(model)
+    result.momentum = flat_momentum(model, optimizer)
+    return result
+
+
+# ---- the worker process ------------------------------------------------------------------
+
+def read_job(job_dir: Path) -> RunSpec:
+    return RunSpec.from_dict(json.loads((Path(job_dir) / "spec.json").read_text()))
+
+
+def _exit_with_parent() -> None:
+    """A worker whose launcher died must not linger (it would block the port and a core)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
+
+def write_outputs(job_dir: Path, rank: int, result: SyncResult) -> None:
+    tmp = job_dir / f".rank{rank}.steps.csv.tmp"
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=STEP_FIELDS)
+        writer.writeheader()
+        writer.writerows(result.step_rows)
+    os.replace(tmp, job_dir / f"rank{rank}.steps.csv")
+    meta = {"rank": rank, "t_start": result.clock.t_start, "t_end": result.clock.t_end,
+            "paused_s": result.clock.paused_s, "steps": result.steps, "evals": result.evals}
+    tmp = job_dir / f".rank{rank}.meta.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, job_dir / f"rank{rank}.meta.json")
+    if rank == 0:
+        save_state(job_dir, result.weights, result.momentum)
+
+
+def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:
+    info = {"time": time.time(), "rank": rank, "summary": f"{type(exc).__name__}: {exc}".splitlines()[0],
+            "traceback": traceback.format_exc()}
+    (Path(job_dir) / f"rank{rank}.error.json").write_text(json.dumps(info))
+
+
+def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -1,
+                should_stop: StopFn | None = None, max_steps: int | None = None) -> int:
+    """Body of a worker process: set up, train, write outputs; on failure write rank{r}.error.json.
+    `rank_hint` names the rank in an error raised before the communicator knows it (-1: unknown).
+    With `should_stop`/`max_steps` it is the sync phase of a switch: weights.npy and momentum.npy
+    in the job directory are where the async phase starts."""
+    job_dir = Path(job_dir)
+    _exit_with_parent()
+    configure_threads(1)
+    rank = rank_hint
+    try:
+        spec = read_job(job_dir)
+        prep = prepare(spec)
+        comm = make_comm()
+        rank = comm.rank
+        result = run_sync(prep, comm, should_stop, max_steps)
+        write_outputs(job_dir, rank, result)
+        comm.shutdown()
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher
+        write_error(job_dir, rank, exc)
+        return 1
+    return 0
+
+
+def exit_now(code: int) -> None:
+    """Leave without interpreter teardown. Every output is written and closed and the communicator
+    shut down by now; teardown of torch's native threads took seconds here and could abort
+    ("terminate called without an active exception"), turning a finished run into a failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def concat_batch_reference(spec: RunSpec, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Single-process SGD on the concatenation of every rank's mini-batch, step by step: what
+    synchronous allreduce training must equal (averaged gradients of equal-size batches are the
+    gradient of the mean loss over their union). Returns (flat weights, flat momentum)."""
+    configure_threads(1)
+    prep = prepare(spec)
+    model = prep.build_model()
+    loss_fn = prep.workload.loss_fn()
+    optimizer = make_optimizer(model, prep.workload, prep.lr)
+    streams = [prep.batches(w) for w in range(spec.workers)]
+    for _ in range(min(steps, common_steps(prep, spec.workers))):
+        parts = [next(s) for s in streams]
+        x = torch.cat([p[1] for p in parts])
+        y = torch.cat([p[2] for p in parts])
+        forward_backward(model, loss_fn, x, y)
+        optimizer.step()
+    return flat_params(model), flat_momentum(model, optimizer)

@@ -1,0 +1,156 @@
+"""Launcher side of the allreduce systems: a job directory, process supervision (failure, timeout,
+no orphans) and reading the workers' files back into the Recorder."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.allreduce_common import read_state
+
+POLL_S = 0.1
+GRACE_S = 3.0  # after a failure, how long the other processes get to write their own error files
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process of an allreduce run failed or the run timed out; the message names the rank."""
+
+
+def new_job(spec: RunSpec) -> Path:
+    job = Path(tempfile.mkdtemp(prefix=f"psbench-{spec.system}-"))
+    (job / "spec.json").write_text(json.dumps(spec.to_dict()))
+    return job
+
+
+def stop_tree(procs: list[subprocess.Popen]) -> None:
+    """Terminate the launched processes and everything they started (by pid), then kill leftovers."""
+    victims: list[psutil.Process] = []
+    for proc in procs:
+        try:
+            parent = psutil.Process(proc.pid)
+            victims += parent.children(recursive=True) + [parent]
+        except psutil.NoSuchProcess:
+            pass
+    for v in victims:
+        try:
+            v.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(victims, timeout=3)
+    for v in alive:
+        try:
+            v.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=3)
+    for proc in procs:
+        try:
+            proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _first_error(system: str, job: Path) -> str | None:
+    """The earliest worker error is the cause; later ones are peers seeing the broken collective."""
+    errors = []
+    for path in job.glob("rank*.error.json"):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (json.JSONDecodeError, OSError):
+            continue
+    if not errors:
+        return None
+    first = min(errors, key=lambda e: e["time"])
+    tail = "\n".join(first["traceback"].rstrip().splitlines()[-12:])
+    return f"{system} worker rank {first['rank']} failed: {first['summary']}\n{tail}"
+
+
+def _log_tail(job: Path, n: int = 20) -> str:
+    lines: list[str] = []
+    for log in sorted(job.glob("*.log")):
+        text = log.read_text(errors="replace").rstrip().splitlines()[-n:]
+        if text:
+            lines += [f"--- {log.name}"] + text
+    return "\n".join(lines)
+
+
+def supervise(system: str, procs: list[subprocess.Popen], job: Path, timeout_s: float,
+              rank_of: Callable[[int], int | None] = lambda i: i) -> None:
+    """Wait for every process; on the first failure or at the timeout, stop them all and raise one
+    WorkerFailed naming the rank. On success nothing is left running either."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c == 0 for c in codes):
+                return
+            failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                # Give peers a moment to record their view, then name the earliest error.
+                end = time.monotonic() + GRACE_S
+                while time.monotonic() < end and any(p.poll() is None for p in procs):
+                    time.sleep(POLL_S)
+                stop_tree(procs)
+                message = _first_error(system, job)
+                if message is None:
+                    i = failed[0]
+                    rank = rank_of(i)
+                    who = f"rank {rank}" if rank is not None else "launcher"
+                    message = (f"{system} worker {who} exited with code {codes[i]} and no error report\n"
+                               + _log_tail(job))
+                raise WorkerFailed(message)
+            if time.monotonic() > deadline:
+                stop_tree(procs)
+                raise WorkerFailed(f"{system} run timed out after {timeout_s:g} s; all workers stopped "
+                                   f"(raise the timeout_s option for longer runs)")
+            time.sleep(POLL_S)
+    finally:
+        stop_tree(procs)  # no-op when all exited; never leaves orphans on any exit path
+
+
+def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, state_out: Path | None) -> None:
+    """Step rows of the given ranks, and rank 0's clock and evals, into the Recorder."""
+    if has_rank0:
+        meta = json.loads((job / "rank0.meta.json").read_text())
+        recorder.adopt_clock(meta["t_start"], meta["t_end"], meta["paused_s"])
+        recorder.extra["eval_s"] = meta["paused_s"]  # evaluation time, kept off the training clock
+        recorder.extra["steps_per_worker"] = meta["steps"]
+        for row in meta["evals"]:
+            recorder.eval(row["step"], row["split"], row["loss"], row["accuracy"], t_wall=row["t_wall"])
+    for rank in ranks:
+        with open(job / f"rank{rank}.steps.csv", newline="") as fh:
+            rows = [{"worker": int(r["worker"]), "step": int(r["step"]), "t_wall": float(r["t_wall"]),
+                     "n_samples": int(r["n_samples"]), "loss": float(r["loss"]),
+                     "bytes": int(r["bytes"]) if r["bytes"] else None} for r in csv.DictReader(fh)]
+        recorder.add_steps(rows)
+    if state_out is not None and has_rank0:
+        Path(state_out).mkdir(parents=True, exist_ok=True)
+        for name in ("weights.npy", "momentum.npy"):
+            shutil.copyfile(job / name, Path(state_out) / name)
+        read_state(Path(state_out))  # fail here, not later, if the copy is unreadable
+
+
+def run_job(system: str, spec: RunSpec, recorder: Recorder,
+            launch: Callable[[Path, list[subprocess.Popen]], None],
+            timeout_s: float, ranks: list[int], state_out: Path | None = None,
+            rank_of: Callable[[int], int | None] = lambda i: i) -> None:
+    """Make a job directory, start the processes (`launch` appends each to the list as it starts,
+    so a failed start still stops the earlier ones), supervise them, read their records back."""
+    job = new_job(spec)
+    procs: list[subprocess.Popen] = []
+    try:
+        launch(job, procs)
+        supervise(system, procs, job, timeout_s, rank_of)
+        collect(job, ranks, recorder, 0 in ranks, state_out)
+    finally:
+        stop_tree(procs)
+        shutil.rmtree(job, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""torch.distributed DistributedDataParallel over gloo: the allreduce baseline."""

@@ -1,0 +1,60 @@
+"""One DDP rank: `python -m systems.ddp.worker --job DIR --rank R --world N --master-addr A --master-port P`.
+Gradients move by DistributedDataParallel's bucketed gloo allreduce, overlapped with backward."""
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from systems.allreduce_common import exit_now, worker_main
+
+
+class DDPComm:
+    def __init__(self, rank: int, world: int, master_addr: str, master_port: int, timeout_s: float,
+                 listen_fd: int | None = None):
+        timeout = timedelta(seconds=timeout_s)
+        # Rank 0 serves the rendezvous store on a socket its launcher bound to master_addr and
+        # handed over (no free-port race; torch's own store would listen on every interface).
+        store = dist.TCPStore(master_addr, master_port, world, is_master=listen_fd is not None,
+                              timeout=timeout, master_listen_fd=listen_fd)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        self.rank, self.size = rank, world
+
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        # DDP broadcasts rank 0's parameters at construction and averages gradients in backward;
+        # the optimizer already holds the same parameter tensors.
+        return DistributedDataParallel(model), optimizer
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def shutdown(self) -> None:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m systems.ddp.worker")
+    p.add_argument("--job", type=Path, required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--master-addr", required=True)
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--listen-fd", type=int, help="rank 0: listening socket for the rendezvous store")
+    args = p.parse_args(argv)
+    return worker_main(args.job, lambda: DDPComm(args.rank, args.world, args.master_addr, args.master_port,
+                                                  args.timeout_s, args.listen_fd), rank_hint=args.rank)
+
+
+if __name__ == "__main__":
+    exit_now(main())

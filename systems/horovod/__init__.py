@@ -1,0 +1,1 @@
+"""Real Horovod (horovod.torch, gloo controller) launched with horovodrun."""

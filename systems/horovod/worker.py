@@ -1,0 +1,54 @@
+"""One Horovod rank, started by `horovodrun --gloo -np N -H ... python -m systems.horovod.worker --job DIR`.
+Gradients move by hvd.DistributedOptimizer's allreduce (average), started from per-parameter hooks."""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from systems.allreduce_common import exit_now, worker_main
+
+
+class HorovodComm:
+    def __init__(self) -> None:
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self._n = 0
+
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        hvd = self.hvd
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+
+    def _name(self, what: str) -> str:
+        self._n += 1  # collective names must match across ranks: same call order, same counter
+        return f"psbench.{what}.{self._n}"
+
+    def barrier(self) -> None:
+        self.hvd.allreduce(torch.zeros(1), name=self._name("barrier"), op=self.hvd.Sum)
+
+    def sum_floats(self, values: list[float]) -> list[float]:
+        t = self.hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=self._name("sum"), op=self.hvd.Sum)
+        return t.tolist()
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m systems.horovod.worker")
+    p.add_argument("--job", type=Path, required=True)
+    args = p.parse_args(argv)
+    # horovodrun sets HOROVOD_RANK before hvd.init(); it names the rank of an early failure.
+    return worker_main(args.job, HorovodComm, rank_hint=int(os.environ.get("HOROVOD_RANK", -1)))
+
+
+if __name__ == "__main__":
+    exit_now(main())

@@ -1,0 +1,74 @@
+"""`ddp`: real torch.distributed processes over gloo on 127.0.0.1."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from allreduce_helpers import (ListenWatch, check_accuracy, check_equals_concat_batch, check_records, fault_env,
+                               leftover_workers, train)
+from bench.spec import RunSpec
+from systems.allreduce_launch import WorkerFailed
+from systems.base import parse_options
+from systems.ddp.adapter import DDPOptions, DDPSystem
+from workloads.errors import ConfigError
+
+WORKER = "systems.ddp.worker"
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """One full run (mlp-digits, 2 workers, 5 epochs) shared by the checks below."""
+    since = time.time()
+    with ListenWatch() as listening:
+        run = train(DDPSystem, RunSpec("ddp", "mlp-digits", workers=2, seed=0), DDPOptions(),
+                    tmp_path_factory.mktemp("ddp-state"))
+    # every socket the run listened on (rendezvous store, gloo pairs) was on loopback
+    assert listening.addresses and listening.addresses <= {"127.0.0.1"}, listening.addresses
+    assert leftover_workers(WORKER, since) == []
+    return run
+
+
+def test_two_workers_reach_accuracy(two_workers):
+    check_accuracy(two_workers)
+
+
+def test_records_steps_and_evals(two_workers):
+    check_records(two_workers)
+
+
+def test_weights_equal_single_process_on_concatenated_batch(two_workers):
+    check_equals_concat_batch(two_workers)
+
+
+def test_worker_exception_is_one_error_naming_the_rank_and_leaves_no_orphans(monkeypatch, tmp_path):
+    monkeypatch.setenv(*fault_env(rank=1, step=3))
+    since = time.time()
+    with pytest.raises(WorkerFailed, match=r"^ddp worker rank 1 failed: RuntimeError: injected fault at step 3"):
+        train(DDPSystem, RunSpec("ddp", "mlp-digits", workers=2, max_steps=20), DDPOptions(), tmp_path)
+    assert leftover_workers(WORKER, since) == []
+
+
+def test_timeout_stops_every_worker(tmp_path):
+    since = time.time()
+    with pytest.raises(WorkerFailed, match=r"ddp run timed out after 1 s"):
+        train(DDPSystem, RunSpec("ddp", "mlp-digits", workers=2), DDPOptions(timeout_s=1), tmp_path)
+    assert leftover_workers(WORKER, since) == []
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"nnodes": "2"}, "master_port must be given"),
+    ({"nnodes": "2", "node_rank": "2", "master_port": "29500"}, "node_rank must be in 0..1"),
+    ({"master_port": "70000"}, "master_port must be in 0..65535"),
+    ({"timeout_s": "0"}, "timeout_s must be > 0"),
+    ({"workers_per_node": "2"}, "has no option"),
+])
+def test_bad_options_are_config_errors(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_options(DDPOptions, raw, "ddp")
+
+
+def test_workers_must_divide_over_nodes(tmp_path):
+    with pytest.raises(ConfigError, match=r"workers \(3\) must be a multiple of option nnodes \(2\)"):
+        DDPSystem().run(RunSpec("ddp", "mlp-digits", workers=3), DDPOptions(nnodes=2, master_port=29500),
+                        None)  # type: ignore[arg-type]
