@@ -11,6 +11,9 @@ from workloads.errors import ConfigError
 
 REGISTRY: dict[str, str] = {
     "single": "systems.single.adapter:SingleSystem",
+    "spark-mllib": "systems.spark.mllib:SparkMllibSystem",
+    "spark-barrier": "systems.spark.barrier:SparkBarrierSystem",
+    "spark-torch": "systems.spark.torch_distributor:SparkTorchSystem",
 }
 
 
