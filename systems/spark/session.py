@@ -133,22 +133,31 @@ def stop_session() -> None:
         SparkSession.builder.getOrCreate().stop()
 
 
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]: ?")
 _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
 
 
-def error_line(exc: BaseException) -> str:
-    """The one line that says why a Spark job failed: the Python exception raised inside a task if
-    there is one, else Spark's own reason."""
-    text = str(exc)
-    lines = [line.rstrip() for line in text.splitlines()]
+def error_line(exc: BaseException, output: str = "") -> str:
+    """The one line that says why a Spark job failed: the Python exception raised inside a task (or
+    in `output`, a launched process's captured output) if there is one, else Spark's own reason."""
+    for text in (str(exc), output):
+        found = python_error(text)
+        if found:
+            return found
+    lines = [line.strip() for line in str(exc).splitlines()]
+    for line in lines:
+        if "SparkException:" in line or "Job aborted" in line:
+            return line[:500]
+    return next((line for line in lines if line), type(exc).__name__)[:500]
+
+
+def python_error(text: str) -> str | None:
+    """'Type: message' of the first Python traceback in text (torchrun's '[rankN]:' prefixes dropped)."""
+    lines = [_RANK_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
     for i, line in enumerate(lines):
-        if line.strip().startswith("Traceback (most recent call last)"):
+        if "Traceback (most recent call last)" in line:
             for later in lines[i + 1:]:
                 m = _PY_ERROR.match(later)
                 if m and not later.startswith(("org.apache", "java.", "py4j.", "scala.")):
                     return f"{m.group(1)}: {m.group(2)}".strip()
-    for line in lines:
-        if "SparkException:" in line or "Job aborted" in line:
-            return line.strip()[:500]
-    first = next((line.strip() for line in lines if line.strip()), type(exc).__name__)
-    return first[:500]
+    return None

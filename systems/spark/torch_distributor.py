@@ -8,7 +8,6 @@ import io
 import logging
 import os
 import pickle
-import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,8 +19,6 @@ from systems.base import option
 from systems.common import configure_threads, evaluate_splits, prepare, record_evals, set_flat_params
 from systems.spark.partitions import clock_mapper
 from systems.spark.session import SparkOptions, error_line, get_session, parse_conf, pyspark_unavailable_reason
-
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,7 @@ class SparkTorchSystem:
                     distributor.run(ddp_fn.train, payload)
             except Exception as exc:
                 raise RuntimeError(f"spark-torch: TorchDistributor training failed: "
-                                   f"{error_line(_Unprefixed(exc))}") from None
+                                   f"{error_line(exc, output.getvalue())}") from None
             finally:
                 for key, value in saved.items():
                     if value is None:
@@ -103,10 +100,3 @@ class SparkTorchSystem:
         stats.update(launch_s=result["t_ready"] - t_call, rank_start_s=result["t_enter"] - t_call,
                      finish_s=t_done - last_step)
         recorder.extra["spark_overheads"] = stats
-
-
-class _Unprefixed(Exception):
-    """A failure's text without torchrun's '[rankN]:' line prefixes, for error_line()."""
-
-    def __init__(self, exc: BaseException):
-        super().__init__(_RANK_PREFIX.sub("", str(exc)))
