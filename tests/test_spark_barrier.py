@@ -35,6 +35,7 @@ def test_trains_mlp_digits_with_two_workers_and_records_overheads():
                 "update_s_mean", "allgather_fraction", "job_s"):
         assert over.get(key) is not None, key
     assert "spark_session_start_s" in rec.extra
+    assert sum(1 for e in rec.events if e["kind"] == "spark_step") == 2 * 36
 
 
 def test_gradient_message_round_trips():

@@ -52,3 +52,12 @@ def test_error_line_finds_the_python_error_in_a_spark_failure():
     assert error_line(RuntimeError("TorchDistributor failed"), torchrun) == "RuntimeError: boom"
     assert error_line(RuntimeError("x\norg.apache.spark.SparkException: Job aborted: why")) == \
         "org.apache.spark.SparkException: Job aborted: why"
+
+
+def test_unavailable_without_pyspark(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyspark" else real(name, *a))
+    for system in ("spark-mllib", "spark-barrier", "spark-torch"):
+        assert get_system(system).unavailable_reason() == "pyspark is not installed"

@@ -147,6 +147,8 @@ class SparkBarrierSystem:
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
                           t_wall=to_clock(r["t_epoch"]))
+            recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
+                           compute_s=r["compute_s"], allgather_s=r["allgather_s"], update_s=r["update_s"])
         rank0 = next(res for res in results if res["rank"] == 0)
         for step, t_epoch, weights in rank0["snapshots"]:  # evaluated now, stamped when they were taken
             set_flat_params(model, weights)

@@ -88,6 +88,8 @@ class SparkTorchSystem:
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
                           t_wall=to_clock(r["t_epoch"]))
+            recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
+                           step_s=r["step_s"])
         for step, t_epoch, weights in result["snapshots"]:
             set_flat_params(model, weights)
             record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=to_clock(t_epoch))
