@@ -74,3 +74,13 @@ def test_failing_task_is_one_clear_error():
     message = str(info.value)
     assert "\n" not in message
     assert "step 2" in message and "injected failure in worker 1 at step 2" in message
+
+
+def test_ratio_benchmark_measures_both_systems_in_one_run():
+    from systems.spark.benchmarks import ratio_spark_mllib_step_vs_single
+
+    out = ratio_spark_mllib_step_vs_single(steps=6)
+    assert set(out) == {"single_step_s", "spark_mllib_step_s", "ratio", "ratio_mean_step"}
+    assert all(isinstance(v, float) and v > 0 for v in out.values())
+    assert out["ratio"] == pytest.approx(out["spark_mllib_step_s"] / out["single_step_s"])
+    assert out["ratio"] > 1  # a Spark job per mini-batch costs more than a local step

@@ -95,10 +95,7 @@ class SparkMllibSystem:
                 weights = sc.broadcast(flat_params(model))
                 t1 = time.perf_counter()
                 sc.setJobGroup(f"{group}-{step}", f"psbench step {step}", False)
-                zero: Partial = (np.zeros(n_params), 0.0, 0, [])
-                grad_sum, loss_sum, n, rows = data.mapPartitions(
-                    _gradient_fn(model_spec, weights, step, options.fail_at_step, spec.workers)
-                ).treeAggregate(zero, _add, _add, depth=options.tree_depth)
+                grad_sum, _, n, rows = self._job(data, model_spec, weights, step, n_params, options, spec)
                 t2 = time.perf_counter()
                 for p, g in zip(model.parameters(), _split(grad_sum / n, model)):
                     p.grad = g
@@ -107,18 +104,14 @@ class SparkMllibSystem:
                 t3 = time.perf_counter()
                 t_wall = recorder.now()
                 driver_rows.append({"t_wall": t_wall, "step_s": t3 - t0, "broadcast_s": t1 - t0,
-                                    "driver_job_s": t2 - t1, "update_s": t3 - t2})
-                driver_rows[-1]["task_python_s"] = max(r[3] for r in rows)
+                                    "driver_job_s": t2 - t1, "update_s": t3 - t2,
+                                    "task_python_s": max(r[3] for r in rows)})
                 for worker, n_w, loss_w, _, _ in sorted(rows):
                     # down: the broadcast weights (float32); up: the partial gradient sum (float64)
                     recorder.step(worker, step, n_w, loss_w, nbytes=n_params * 4 + n_params * 8, t_wall=t_wall)
                 if (step + 1) % every == 0:
                     with recorder.paused():
                         record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))
-        except Exception as exc:  # a failed Spark job: one clear line, not a JVM stack trace
-            if isinstance(exc, ConfigError):
-                raise
-            raise RuntimeError(f"spark-mllib: the Spark job of step {step} failed: {error_line(exc)}") from None
         finally:
             sc.setJobGroup("", "", False)
             data.unpersist()
@@ -127,6 +120,17 @@ class SparkMllibSystem:
                 record_evals(recorder, total, evaluate_splits(model, loss_fn, prep.data))
         recorder.stop_clock()
         self._record_overheads(sc, group, driver_rows, recorder)
+
+    @staticmethod
+    def _job(data: Any, model_spec: ModelSpec, weights: Any, step: int, n_params: int, options: MllibOptions,
+             spec: RunSpec) -> Partial:
+        """One mini-batch as one Spark job; a failed job becomes one clear line, not a JVM stack trace."""
+        zero: Partial = (np.zeros(n_params), 0.0, 0, [])
+        try:
+            return data.mapPartitions(_gradient_fn(model_spec, weights, step, options.fail_at_step, spec.workers)
+                                      ).treeAggregate(zero, _add, _add, depth=options.tree_depth)
+        except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
+            raise RuntimeError(f"spark-mllib: the Spark job of step {step} failed: {error_line(exc)}") from None
 
     @staticmethod
     def _record_overheads(sc: Any, group: str, driver_rows: list[dict[str, float]], recorder: Recorder) -> None:
