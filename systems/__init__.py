@@ -14,6 +14,9 @@ REGISTRY: dict[str, str] = {
     "ps": "systems.ps.adapter:PSSystem",
     "ddp": "systems.ddp.adapter:DDPSystem",
     "horovod": "systems.horovod.adapter:HorovodSystem",
+    "spark-mllib": "systems.spark.mllib:SparkMllibSystem",
+    "spark-barrier": "systems.spark.barrier:SparkBarrierSystem",
+    "spark-torch": "systems.spark.torch_distributor:SparkTorchSystem",
 }
 
 

@@ -1,0 +1,176 @@
+"""spark-barrier: Spark's barrier execution mode as a synchronous data-parallel trainer. One barrier
+stage of N tasks (rdd.barrier().mapPartitions), each a worker holding a model replica and its
+shard; every step each task sends its gradient through BarrierTaskContext.allGather (Spark's own
+channel: via the driver's barrier coordinator), sums all N and takes the same optimizer step.
+
+allGather carries strings: a gradient goes as base64 of its float32 bytes (the example-weighted
+sum, so uneven last batches average correctly). Rank 0 snapshots the weights at the evaluation
+cadence; the driver evaluates the snapshots after the job, off the training clock."""
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.base import option
+from systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward, prepare,
+                            record_evals, set_flat_params)
+from systems.spark.partitions import ModelSpec, ShardBlock, clock_mapper, common_steps, injected_failure, shard_blocks
+from systems.spark.session import SparkOptions, error_line, get_session, parse_conf, pyspark_unavailable_reason
+from workloads.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BarrierOptions(SparkOptions):
+    barrier_timeout_s: int = option(300, "seconds a barrier task waits in allGather for its peers before the job fails")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.barrier_timeout_s < 1:
+            raise ConfigError(f"option barrier_timeout_s must be >= 1, got {self.barrier_timeout_s}")
+
+
+def encode(grad_sum: np.ndarray, n: int, loss: float) -> str:
+    return f"{n};{loss!r};" + base64.b64encode(np.ascontiguousarray(grad_sum, dtype=np.float32).tobytes()).decode()
+
+
+def decode(message: str) -> tuple[np.ndarray, int, float]:
+    n, loss, payload = message.split(";", 2)
+    return np.frombuffer(base64.b64decode(payload), dtype=np.float32), int(n), float(loss)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    total_steps: int
+    eval_every: int
+    fail_at_step: int
+    workers: int
+
+
+def _train_fn(plan: Plan):
+    def train(blocks: Iterator[ShardBlock]) -> Iterator[dict[str, Any]]:
+        from pyspark import BarrierTaskContext
+
+        t_start = time.time()
+        configure_threads(1)
+        context = BarrierTaskContext.get()
+        rank = context.partitionId()
+        block = next(iter(blocks))
+        model, loss_fn = plan.model.build()  # same seed on every task: identical replicas
+        optimizer = plan.model.optimizer(model)
+        n_params = sum(p.numel() for p in model.parameters())
+        context.barrier()  # every task is up: training starts together
+        t_ready = time.time()
+        rows, snapshots = [], []
+        for step in range(plan.total_steps):
+            injected_failure(step, plan.fail_at_step, block.worker, plan.workers)
+            t0 = time.perf_counter()
+            x, y = block.batch(step)
+            loss = forward_backward(model, loss_fn, x, y)
+            message = encode(flat_grads(model) * len(y), len(y), loss)
+            t1 = time.perf_counter()
+            messages = context.allGather(message)
+            t2 = time.perf_counter()
+            total = np.zeros(n_params, dtype=np.float64)
+            n_total = 0
+            for other in messages:  # in partition order on every task: replicas stay bit-identical
+                grad, n, _ = decode(other)
+                total += grad
+                n_total += n
+            mean = (total / n_total).astype(np.float32)
+            offset = 0
+            for p in model.parameters():
+                p.grad = torch.from_numpy(mean[offset:offset + p.numel()]).view_as(p).clone()
+                offset += p.numel()
+            optimizer.step()
+            t3 = time.perf_counter()
+            rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
+                         "bytes": len(message) + sum(len(m) for m in messages),
+                         "compute_s": t1 - t0, "allgather_s": t2 - t1, "update_s": t3 - t2})
+            if rank == 0 and ((step + 1) % plan.eval_every == 0 or step + 1 == plan.total_steps):
+                snapshots.append((step + 1, time.time(), flat_params(model)))
+        yield {"rank": rank, "rows": rows, "snapshots": snapshots, "t_start": t_start, "t_ready": t_ready}
+    return train
+
+
+class SparkBarrierSystem:
+    name = "spark-barrier"
+    description = "Spark barrier mode: N long-running tasks exchanging gradients with BarrierTaskContext.allGather"
+    Options = BarrierOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return pyspark_unavailable_reason()
+
+    def run(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
+        configure_threads(1)
+        session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf),
+                              barrier_timeout_s=options.barrier_timeout_s)
+        recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
+                              spark_master=session.master)
+        sc = session.spark.sparkContext
+        t_data = time.perf_counter()
+        prep = prepare(spec)
+        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+        data = sc.parallelize(shard_blocks(prep), spec.workers).cache()
+        data.count()
+        recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
+        model = prep.build_model()
+        loss_fn = prep.workload.loss_fn()
+        plan = Plan(ModelSpec.of(prep), common_steps(prep), prep.eval_every(), options.fail_at_step, spec.workers)
+        group = f"psbench-{spec.run_id}-{time.time_ns()}"
+
+        recorder.start_clock()
+        with recorder.paused():
+            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
+        to_clock = clock_mapper(recorder)
+        t_submit = time.time()
+        try:
+            sc.setJobGroup(group, "psbench barrier training", False)
+            results = data.barrier().mapPartitions(_train_fn(plan)).collect()
+        except Exception as exc:
+            raise RuntimeError(f"spark-barrier: the barrier training job failed: {error_line(exc)}") from None
+        finally:
+            sc.setJobGroup("", "", False)
+            data.unpersist()
+        t_done = time.time()
+        recorder.stop_clock()
+
+        rows = sorted((r for res in results for r in res["rows"]), key=lambda r: (r["step"], r["worker"]))
+        for r in rows:
+            recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
+                          t_wall=to_clock(r["t_epoch"]))
+            recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
+                           compute_s=r["compute_s"], allgather_s=r["allgather_s"], update_s=r["update_s"])
+        rank0 = next(res for res in results if res["rank"] == 0)
+        for step, t_epoch, weights in rank0["snapshots"]:  # evaluated now, stamped when they were taken
+            set_flat_params(model, weights)
+            record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=to_clock(t_epoch))
+        self._record_overheads(sc, group, results, rows, t_submit, t_done, recorder)
+
+    @staticmethod
+    def _record_overheads(sc: Any, group: str, results: list[dict], rows: list[dict], t_submit: float,
+                          t_done: float, recorder: Recorder) -> None:
+        """launch_s: job submitted to the last task ready to train (scheduling, Python worker start,
+        model build, first barrier); per step: compute vs allGather (Spark's channel) vs update;
+        finish_s: last step done to results back on the driver."""
+        from systems.spark.overheads import job_timings, summarise
+
+        jobs = job_timings(sc, group)
+        last_step = max(r["t_epoch"] for r in rows) if rows else t_done
+        stats = summarise(rows, ["compute_s", "allgather_s", "update_s"])
+        stats.update(launch_s=max(res["t_ready"] for res in results) - t_submit,
+                     task_start_delay_s=max(res["t_start"] for res in results) - t_submit,
+                     finish_s=t_done - last_step, job_s=jobs[0]["job_s"] if jobs else None,
+                     first_task_delay_s=jobs[0]["first_task_delay_s"] if jobs else None)
+        if stats.get("compute_s_mean") is not None:
+            step_s = stats["compute_s_mean"] + stats["allgather_s_mean"] + stats["update_s_mean"]
+            stats["allgather_fraction"] = stats["allgather_s_mean"] / step_s if step_s > 0 else None
+        recorder.extra["spark_overheads"] = stats

@@ -1,0 +1,174 @@
+"""spark-mllib: train the way Spark MLlib does. Each mini-batch step is one Spark job: the weights
+go out as a broadcast variable, every partition (one per worker, holding its shard) computes the
+gradient of its mini-batch, the driver sums them with treeAggregate and takes the optimizer step."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.base import option
+from systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
+                            make_optimizer, prepare, record_evals, set_flat_params)
+from systems.spark.partitions import (ModelSpec, ShardBlock, cached_model, common_steps, injected_failure,
+                                      shard_blocks)
+from systems.spark.session import SparkOptions, error_line, get_session, parse_conf, pyspark_unavailable_reason
+from workloads.errors import ConfigError
+
+# One partition's contribution: (sum of per-example gradients, sum of losses, examples, per-worker rows)
+Partial = tuple[np.ndarray, float, int, list]
+
+
+@dataclass(frozen=True)
+class MllibOptions(SparkOptions):
+    tree_depth: int = option(2, "depth of the treeAggregate that sums the gradients")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tree_depth < 1:
+            raise ConfigError(f"option tree_depth must be >= 1, got {self.tree_depth}")
+
+
+def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: int, workers: int):
+    """The task code of one step: the partition's mini-batch gradient at the broadcast weights."""
+    def gradient(blocks: Iterator[ShardBlock]) -> Iterator[Partial]:
+        start = time.perf_counter()
+        configure_threads(1)
+        model, loss_fn = cached_model(model_spec)
+        set_flat_params(model, weights.value)
+        for block in blocks:
+            injected_failure(step, fail_at_step, block.worker, workers)
+            x, y = block.batch(step)
+            loss = forward_backward(model, loss_fn, x, y)
+            n = len(y)
+            grad = flat_grads(model).astype(np.float64) * n
+            yield grad, loss * n, n, [(block.worker, n, loss, time.perf_counter() - start, os.getpid())]
+    return gradient
+
+
+def _add(a: Partial, b: Partial) -> Partial:
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]  # new objects: never mutate the zero value
+
+
+class SparkMllibSystem:
+    name = "spark-mllib"
+    description = "Spark MLlib-style: one Spark job per mini-batch (broadcast weights, treeAggregate gradients)"
+    Options = MllibOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return pyspark_unavailable_reason()
+
+    def run(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
+        configure_threads(1)
+        session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf))
+        recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
+                              spark_master=session.master)
+        sc = session.spark.sparkContext
+        t_data = time.perf_counter()
+        prep = prepare(spec)
+        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+        data = sc.parallelize(shard_blocks(prep), spec.workers).cache()  # partition i holds worker i's shard
+        data.count()
+        recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
+        model = prep.build_model()
+        loss_fn = prep.workload.loss_fn()
+        optimizer = make_optimizer(model, prep.workload, prep.lr)
+        model_spec = ModelSpec.of(prep)
+        n_params = sum(p.numel() for p in model.parameters())
+        total, every = common_steps(prep), prep.eval_every()
+        group = f"psbench-{spec.run_id}-{time.time_ns()}"
+        driver_rows: list[dict[str, float]] = []
+
+        recorder.start_clock()
+        with recorder.paused():
+            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
+        try:
+            for step in range(total):
+                t0 = time.perf_counter()
+                weights = sc.broadcast(flat_params(model))
+                t1 = time.perf_counter()
+                sc.setJobGroup(f"{group}-{step}", f"psbench step {step}", False)
+                grad_sum, _, n, rows = self._job(data, model_spec, weights, step, n_params, options, spec)
+                t2 = time.perf_counter()
+                for p, g in zip(model.parameters(), _split(grad_sum / n, model)):
+                    p.grad = g
+                optimizer.step()
+                weights.destroy()
+                t3 = time.perf_counter()
+                t_wall = recorder.now()
+                driver_rows.append({"t_wall": t_wall, "step_s": t3 - t0, "broadcast_s": t1 - t0,
+                                    "driver_job_s": t2 - t1, "update_s": t3 - t2,
+                                    "task_python_s": max(r[3] for r in rows)})
+                for worker, n_w, loss_w, _, _ in sorted(rows):
+                    # down: the broadcast weights (float32); up: the partial gradient sum (float64)
+                    recorder.step(worker, step, n_w, loss_w, nbytes=n_params * 4 + n_params * 8, t_wall=t_wall)
+                if (step + 1) % every == 0:
+                    with recorder.paused():
+                        record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))
+        finally:
+            sc.setJobGroup("", "", False)
+            data.unpersist()
+        if total % every != 0:
+            with recorder.paused():
+                record_evals(recorder, total, evaluate_splits(model, loss_fn, prep.data))
+        recorder.stop_clock()
+        self._record_overheads(sc, group, driver_rows, recorder)
+
+    @staticmethod
+    def _job(data: Any, model_spec: ModelSpec, weights: Any, step: int, n_params: int, options: MllibOptions,
+             spec: RunSpec) -> Partial:
+        """One mini-batch as one Spark job; a failed job becomes one clear line, not a JVM stack trace."""
+        zero: Partial = (np.zeros(n_params), 0.0, 0, [])
+        try:
+            return data.mapPartitions(_gradient_fn(model_spec, weights, step, options.fail_at_step, spec.workers)
+                                      ).treeAggregate(zero, _add, _add, depth=options.tree_depth)
+        except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
+            raise RuntimeError(f"spark-mllib: the Spark job of step {step} failed: {error_line(exc)}") from None
+
+    @staticmethod
+    def _record_overheads(sc: Any, group: str, driver_rows: list[dict[str, float]], recorder: Recorder) -> None:
+        """Per step: driver time (broadcast, job, update), Spark's own job/task timings (task_run_s:
+        the JVM's view of a task, mean over tasks) and the time the slowest task spent in Python
+        computing its gradient (task_python_s). overhead_s = the driver's wait for the job minus
+        task_python_s: scheduling, task launch, shipping closure/broadcast/data to the Python
+        worker, (de)serialisation and result transfer; what Spark adds to each mini-batch."""
+        from systems.spark.overheads import job_timings, summarise
+
+        per_step = []
+        for step, driver in enumerate(driver_rows):
+            jobs = job_timings(sc, f"{group}-{step}")
+            driver = dict(driver)
+            t_wall = driver.pop("t_wall")
+            row: dict[str, Any] = {"step": step, **driver, "jobs": len(jobs)}
+            if jobs:
+                tasks = sum(j["tasks"] for j in jobs) or 1.0
+                row.update(job_s=sum(j["job_s"] or 0.0 for j in jobs),
+                           task_run_s=sum(j["task_run_s"] for j in jobs) / tasks,
+                           task_deserialize_s=sum(j["task_deserialize_s"] for j in jobs) / tasks,
+                           task_cpu_s=sum(j["task_cpu_s"] for j in jobs) / tasks,
+                           first_task_delay_s=jobs[0]["first_task_delay_s"])
+            row["overhead_s"] = row["driver_job_s"] - row["task_python_s"]
+            per_step.append(row)
+            recorder.event("spark_step", step=step, t_wall=t_wall, **{k: v for k, v in row.items() if k != "step"})
+        keys = ["step_s", "broadcast_s", "driver_job_s", "update_s", "task_python_s", "job_s", "task_run_s",
+                "task_deserialize_s",
+                "task_cpu_s", "first_task_delay_s", "overhead_s"]
+        stats = summarise(per_step, keys)
+        if stats.get("step_s_mean"):
+            stats["overhead_fraction"] = stats.get("overhead_s_mean", 0.0) / stats["step_s_mean"]
+        recorder.extra["spark_overheads"] = stats
+
+
+def _split(flat: np.ndarray, model: torch.nn.Module) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for p in model.parameters():
+        out.append(torch.from_numpy(flat[offset:offset + p.numel()].astype(np.float32)).view_as(p).clone())
+        offset += p.numel()
+    return out

@@ -1,0 +1,106 @@
+"""Executor-side pieces the Spark adapters share: one worker's shard as one RDD record, the same
+mini-batch schedule as systems.common.Prepared.batches, and the model a task trains."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from systems.common import Prepared
+
+
+@dataclass
+class ShardBlock:
+    """One worker's training shard, held by one Spark partition (MLlib 'blockifies' rows likewise)."""
+    worker: int
+    shard: np.ndarray       # global indices, in the plan's order (the batch schedule permutes this)
+    sorted_idx: np.ndarray  # the same indices sorted: row i of x/y is example sorted_idx[i]
+    x: np.ndarray
+    y: np.ndarray
+    seed: int
+    batch_size: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, math.ceil(len(self.shard) / self.batch_size))
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mini-batch Prepared.batches(worker) yields at `step` (same seeds, same order)."""
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        order = np.random.default_rng((self.seed, self.worker, epoch)).permutation(self.shard)
+        idx = np.sort(order[pos * self.batch_size:(pos + 1) * self.batch_size])
+        local = np.searchsorted(self.sorted_idx, idx)
+        return torch.from_numpy(self.x[local]), torch.from_numpy(self.y[local])
+
+
+def shard_blocks(prep: Prepared) -> list[ShardBlock]:
+    blocks = []
+    for worker, shard in enumerate(prep.plan.shards):
+        shard = np.asarray(shard, dtype=np.int64)
+        sorted_idx = np.sort(shard)
+        blocks.append(ShardBlock(worker, shard, sorted_idx, prep.data.x_train[sorted_idx],
+                                 prep.data.y_train[sorted_idx], prep.spec.seed, prep.batch_size))
+    return blocks
+
+
+def common_steps(prep: Prepared) -> int:
+    """Synchronous systems step together: every worker runs as many steps as the smallest shard allows."""
+    return min(prep.total_steps(w) for w in range(prep.spec.workers))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a task needs to rebuild the run's model and optimizer without the dataset."""
+    workload: str
+    input_shape: tuple[int, ...]
+    n_classes: int
+    seed: int
+    lr: float
+
+    @classmethod
+    def of(cls, prep: Prepared) -> "ModelSpec":
+        return cls(prep.workload.name, prep.data.input_shape, prep.data.n_classes, prep.spec.seed, prep.lr)
+
+    def build(self) -> tuple[nn.Module, nn.Module]:
+        from workloads import get_workload
+        from workloads.models import build_model
+
+        workload = get_workload(self.workload)
+        model = build_model(workload.model, self.input_shape, self.n_classes, self.seed, **workload.model_options)
+        return model, workload.loss_fn()
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        from systems.common import make_optimizer
+        from workloads import get_workload
+
+        return make_optimizer(model, get_workload(self.workload), self.lr)
+
+
+_MODELS: dict[ModelSpec, tuple[nn.Module, nn.Module]] = {}
+
+
+def cached_model(spec: ModelSpec) -> tuple[nn.Module, nn.Module]:
+    """Python workers are reused across tasks: build the model structure once per worker process;
+    its weights are overwritten from the broadcast every step."""
+    if spec not in _MODELS:
+        _MODELS.clear()
+        _MODELS[spec] = spec.build()
+    return _MODELS[spec]
+
+
+def injected_failure(step: int, fail_at_step: int, worker: int, workers: int) -> None:
+    if fail_at_step >= 0 and step == fail_at_step and worker == workers - 1:
+        raise RuntimeError(f"injected failure in worker {worker} at step {step} (option fail_at_step)")
+
+
+def clock_mapper(recorder: Any) -> Any:
+    """Map epoch timestamps taken in other processes onto the recorder's training clock
+    (valid while nothing is paused between now and those timestamps)."""
+    import time
+
+    clock_now, epoch_now = recorder.now(), time.time()
+    return lambda t_epoch: clock_now + (t_epoch - epoch_now)

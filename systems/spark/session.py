@@ -1,0 +1,163 @@
+"""What the Spark adapters share: options, the SparkSession (created quiet, bound to 127.0.0.1,
+executors importing this checkout, reused across runs with the same master), and turning a
+Spark job failure into one clear line."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from systems.base import option
+from systems.common import child_env
+from workloads.errors import ConfigError
+
+LOCAL_DEFAULT = "local[N]"  # the default master: local mode with one task slot per worker
+_MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+)$")
+LOG4J_FILE = Path(__file__).resolve().parent / "log4j2.properties"
+
+
+@dataclass(frozen=True)
+class SparkOptions:
+    spark_master: str = option(LOCAL_DEFAULT, "Spark master: local[N] (N = workers), local[K], or spark://host:port")
+    spark_conf: str = option("", "extra Spark settings, 'key=value,key=value'")
+    fail_at_step: int = option(-1, "make the last worker's task fail at this step (fault injection; -1 = never)")
+
+    def __post_init__(self) -> None:
+        if self.spark_master != LOCAL_DEFAULT and not _MASTER_RE.match(self.spark_master):
+            raise ConfigError(f"option spark_master: '{self.spark_master}' is not a Spark master; "
+                              "use local[N], local[K], local[*] or spark://host:port")
+        parse_conf(self.spark_conf)
+
+    def master(self, workers: int) -> str:
+        return f"local[{workers}]" if self.spark_master == LOCAL_DEFAULT else self.spark_master
+
+
+def parse_conf(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise ConfigError(f"option spark_conf: '{item}' is not 'spark.key=value'")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def pyspark_unavailable_reason() -> str | None:
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed"
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        return "Java is not installed (pyspark needs a JVM)"
+    return None
+
+
+@dataclass
+class SessionInfo:
+    spark: Any     # pyspark.sql.SparkSession
+    start_s: float  # seconds spent starting it here; 0.0 when an existing session was reused
+    reused: bool
+    master: str
+
+
+def _local_slots(master: str) -> int | None:
+    m = re.match(r"^local\[(\d+)", master)
+    return int(m.group(1)) if m else (1 if master == "local" else None)
+
+
+def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = None,
+                barrier_timeout_s: int = 300) -> SessionInfo:
+    """The active session if it runs on `master` with `extra_conf`, else a fresh one."""
+    slots = _local_slots(master)
+    if slots is not None and slots < workers:
+        raise ConfigError(f"Spark master {master} has {slots} task slot(s), fewer than {workers} workers")
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    extra_conf = extra_conf or {}
+    active = SparkContext._active_spark_context
+    if active is not None:
+        conf = active.getConf()
+        if active.master == master and all(conf.get(k) == v for k, v in extra_conf.items()):
+            return SessionInfo(SparkSession.builder.getOrCreate(), 0.0, True, master)
+        SparkSession.builder.getOrCreate().stop()
+
+    env = child_env()
+    # Python workers inherit the driver JVM's environment in local mode; executors elsewhere get it
+    # from spark.executorEnv.*. Either way they import this checkout first, with one thread each.
+    for key in ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[key] = env[key]
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    settings = {
+        "spark.master": master,
+        "spark.app.name": "psbench",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J_FILE}",
+        "spark.executorEnv.PYTHONPATH": env["PYTHONPATH"],
+        "spark.executorEnv.OMP_NUM_THREADS": "1",
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.pyspark.python": sys.executable,
+        "spark.task.maxFailures": "1",             # a failing task fails the run, no silent retries
+        "spark.stage.maxConsecutiveAttempts": "1",
+        "spark.barrier.sync.timeout": str(barrier_timeout_s),  # a lost peer cannot hang allGather forever
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+        "spark.ui.retainedJobs": "100000",         # per-step job timings are read back after the run
+        "spark.ui.retainedStages": "100000",
+        "spark.sql.shuffle.partitions": str(max(1, workers)),
+        "spark.driver.memory": "2g",
+        **extra_conf,
+    }
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    start = time.perf_counter()
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return SessionInfo(spark, time.perf_counter() - start, False, master)
+
+
+def stop_session() -> None:
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate().stop()
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]: ?")
+_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+
+
+def error_line(exc: BaseException, output: str = "") -> str:
+    """The one line that says why a Spark job failed: the Python exception raised inside a task (or
+    in `output`, a launched process's captured output) if there is one, else Spark's own reason."""
+    for text in (str(exc), output):
+        found = python_error(text)
+        if found:
+            return found
+    lines = [line.strip() for line in str(exc).splitlines()]
+    for line in lines:
+        if "SparkException:" in line or "Job aborted" in line:
+            return line[:500]
+    return next((line for line in lines if line), type(exc).__name__)[:500]
+
+
+def python_error(text: str) -> str | None:
+    """'Type: message' of the first Python traceback in text (torchrun's '[rankN]:' prefixes dropped)."""
+    lines = [_RANK_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" in line:
+            for later in lines[i + 1:]:
+                m = _PY_ERROR.match(later)
+                if m and not later.startswith(("org.apache", "java.", "py4j.", "scala.")):
+                    return f"{m.group(1)}: {m.group(2)}".strip()
+    return None

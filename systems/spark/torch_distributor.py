@@ -1,0 +1,104 @@
+"""spark-torch: pyspark.ml.torch.distributor.TorchDistributor launching torch DDP over gloo. Spark
+is the launcher, allreduce is the engine. local_mode (the default) starts the N torchrun ranks on
+the driver; local_mode=false starts them from N barrier tasks (one rank per task)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import pickle
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.base import option
+from systems.common import configure_threads, evaluate_splits, prepare, record_evals, set_flat_params
+from systems.spark.partitions import clock_mapper
+from systems.spark.session import SparkOptions, error_line, get_session, parse_conf, pyspark_unavailable_reason
+
+
+@dataclass(frozen=True)
+class TorchOptions(SparkOptions):
+    local_mode: bool = option(True, "TorchDistributor local_mode: ranks on the driver (true) or in Spark tasks (false)")
+
+
+class SparkTorchSystem:
+    name = "spark-torch"
+    description = "Spark TorchDistributor launching torch DDP (gloo allreduce): Spark as launcher"
+    Options = TorchOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return pyspark_unavailable_reason()
+
+    def run(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
+        configure_threads(1)
+        session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf))
+        recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
+                              spark_master=session.master, torch_local_mode=options.local_mode)
+        from pyspark.ml.torch.distributor import TorchDistributor
+
+        from systems.spark import ddp_fn
+
+        # Data is read by each rank itself (TorchDistributor passes no data in function mode); the
+        # driver's copy is for evaluation only.
+        prep = prepare(spec)
+        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+        model = prep.build_model()
+        loss_fn = prep.workload.loss_fn()
+        distributor = TorchDistributor(num_processes=spec.workers, local_mode=options.local_mode, use_gpu=False)
+        logging.getLogger("TorchDistributor").setLevel(logging.WARNING)
+
+        recorder.start_clock()
+        with recorder.paused():
+            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
+        to_clock = clock_mapper(recorder)
+        with tempfile.TemporaryDirectory(prefix="psbench-torch-") as tmp:
+            payload = {"spec": spec.to_dict(), "fail_at_step": options.fail_at_step,
+                       "result_path": str(Path(tmp) / "result.pkl")}
+            output = io.StringIO()  # torchrun's chatter: kept for the error message, not printed
+            saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
+            os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # gloo on loopback only
+            t_call = time.time()
+            try:
+                with contextlib.redirect_stdout(output):
+                    distributor.run(ddp_fn.train, payload)
+            except Exception as exc:
+                raise RuntimeError(f"spark-torch: TorchDistributor training failed: "
+                                   f"{error_line(exc, output.getvalue())}") from None
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+            t_done = time.time()
+            recorder.stop_clock()
+            if not Path(payload["result_path"]).is_file():
+                raise RuntimeError("spark-torch: TorchDistributor finished but rank 0 wrote no result; "
+                                   f"output tail: {output.getvalue()[-300:]!r}")
+            with open(payload["result_path"], "rb") as f:
+                result = pickle.load(f)
+
+        rows = sorted(result["rows"], key=lambda r: (r["step"], r["worker"]))
+        for r in rows:
+            recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
+                          t_wall=to_clock(r["t_epoch"]))
+            recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
+                           step_s=r["step_s"])
+        for step, t_epoch, weights in result["snapshots"]:
+            set_flat_params(model, weights)
+            record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=to_clock(t_epoch))
+        from systems.spark.overheads import summarise
+
+        last_step = max((r["t_epoch"] for r in rows), default=t_done)
+        stats = summarise(rows, ["step_s"])
+        # launch_s: run() called until the ranks are up (torchrun, process start, imports, data,
+        # gloo rendezvous); finish_s: last step until run() returned.
+        stats.update(launch_s=result["t_ready"] - t_call, rank_start_s=result["t_enter"] - t_call,
+                     finish_s=t_done - last_step)
+        recorder.extra["spark_overheads"] = stats

@@ -1,0 +1,86 @@
+"""spark-mllib: trains, equals single-process gradient descent with one partition and full batch,
+fails fast and clearly, records Spark's per-step overheads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+import torch  # noqa: E402
+
+from spark_helpers import final_val_accuracy, run_system  # noqa: E402
+from systems.common import prepare  # noqa: E402
+from bench.spec import RunSpec  # noqa: E402
+
+pytestmark = pytest.mark.spark
+LOCAL2 = {"spark_master": "local[2]"}  # every test reuses the module's session
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spark_session():
+    from systems.spark.session import get_session, stop_session
+
+    yield get_session("local[2]", 2)
+    stop_session()
+
+
+def test_trains_mlp_digits_with_two_workers_and_records_overheads():
+    rec = run_system("spark-mllib", batch_size=64, lr=0.3, epochs=3, options=LOCAL2)
+    assert final_val_accuracy(rec) >= 0.85
+    steps = rec.summary()["steps"]
+    assert steps == 2 * 12 * 3  # two workers' rows per step, 12 steps an epoch
+    extra = rec.extra
+    assert extra["spark_master"] == "local[2]" and "spark_session_start_s" in extra
+    over = extra["spark_overheads"]
+    for key in ("step_s_mean", "driver_job_s_mean", "job_s_mean", "task_run_s_mean", "task_python_s_mean",
+                "overhead_s_mean", "first_task_delay_s_mean", "overhead_fraction"):
+        assert key in over, key
+    assert over["driver_job_s_mean"] <= over["step_s_mean"]
+    assert 0 < over["task_python_s_mean"] < over["driver_job_s_mean"]
+    assert sum(1 for e in rec.events if e["kind"] == "spark_step") == 36
+
+
+def test_one_partition_full_batch_equals_gradient_descent():
+    steps = 6
+    spec = RunSpec("single", "mlp-digits", workers=1, epochs=steps, batch_size=100_000)
+    prep = prepare(spec)
+    rec = run_system("spark-mllib", workers=1, epochs=steps, batch_size=100_000, options=LOCAL2)
+
+    # plain full-batch gradient descent in torch, same data and initial weights
+    model = prep.build_model()
+    loss_fn = prep.workload.loss_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=prep.lr, momentum=prep.workload.optimizer.momentum)
+    x, y = torch.from_numpy(prep.data.x_train), torch.from_numpy(prep.data.y_train)
+    expected = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        expected.append(float(loss.detach()))
+    got = [row["loss"] for row in sorted(rec.steps, key=lambda r: r["step"])]
+    assert [row["n_samples"] for row in rec.steps] == [len(y)] * steps
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    with torch.no_grad():
+        final_val = float(loss_fn(model(torch.from_numpy(prep.data.x_val)), torch.from_numpy(prep.data.y_val)))
+    recorded_val = [e["loss"] for e in rec.evals if e["split"] == "val"][-1]
+    assert recorded_val == pytest.approx(final_val, rel=1e-5)
+    assert got[-1] < got[0]  # it did descend
+
+
+def test_failing_task_is_one_clear_error():
+    with pytest.raises(RuntimeError) as info:
+        run_system("spark-mllib", max_steps=5, options={**LOCAL2, "fail_at_step": 2})
+    message = str(info.value)
+    assert "\n" not in message
+    assert "step 2" in message and "injected failure in worker 1 at step 2" in message
+
+
+def test_ratio_benchmark_measures_both_systems_in_one_run():
+    from systems.spark.benchmarks import ratio_spark_mllib_step_vs_single
+
+    out = ratio_spark_mllib_step_vs_single(steps=6)
+    assert set(out) == {"single_step_s", "spark_mllib_step_s", "ratio", "ratio_mean_step"}
+    assert all(isinstance(v, float) and v > 0 for v in out.values())
+    assert out["ratio"] == pytest.approx(out["spark_mllib_step_s"] / out["single_step_s"])
+    assert out["ratio"] > 1  # a Spark job per mini-batch costs more than a local step
