@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -223,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"psbench: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        # A run that failed (a worker or task died): one line, no traceback; completed runs are kept.
+        # PSBENCH_DEBUG=1 shows the traceback.
+        if os.environ.get("PSBENCH_DEBUG"):
+            raise
+        print(f"psbench: run failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("psbench: interrupted; completed runs are kept, re-run to resume", file=sys.stderr)
         return 130
