@@ -119,7 +119,8 @@ def _print_summaries(results: list) -> None:
     rows = []
     for r in results:
         s = r.summary
-        rows.append({"run": r.run_id, "samples/s": s.get("samples_per_s"), "train s": s.get("train_s"),
+        options = ",".join(f"{k}={v}" for k, v in sorted(r.options.items())) if getattr(r, "options", None) else ""
+        rows.append({"run": r.run_id, "options": options, "samples/s": s.get("samples_per_s"), "train s": s.get("train_s"),
                      "val acc": s.get("final_val_accuracy"), "time to target s": s.get("time_to_target_s"),
                      "staleness mean": s.get("staleness_mean")})
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.3f}".format):

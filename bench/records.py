@@ -31,6 +31,7 @@ class RunResult:
     run_id: str
     out_dir: Path
     summary: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class Recorder:
@@ -180,7 +181,7 @@ class Recorder:
         # The manifest is written last: its presence marks a complete run.
         atomic_write_json(staging / "manifest.json", manifest)
         atomic_replace_dir(staging, final)
-        return RunResult(self.spec.run_id, final, summary)
+        return RunResult(self.spec.run_id, final, summary, dict(self.spec.options))
 
 
 def versions() -> dict[str, str | None]:

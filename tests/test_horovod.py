@@ -2,6 +2,7 @@
 without it the Horovod runs are an explicit skip, and only the "not installed" path is tested."""
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -57,9 +58,17 @@ def test_timeout_stops_horovodrun_and_its_workers(tmp_path):
     assert leftover_workers(WORKER, since) == [] and leftover_workers("horovodrun", since) == []
 
 
-@pytest.mark.skipif(INSTALLED, reason="horovod is installed: the not-installed path cannot be observed")
-def test_not_installed_is_a_clear_config_error(tmp_path):
+def test_not_installed_is_a_clear_config_error(tmp_path, monkeypatch, capsys):
+    # A None entry in sys.modules makes `import horovod.torch` raise ImportError, installed or not.
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    monkeypatch.setitem(sys.modules, "horovod.torch", None)
     assert HorovodSystem.unavailable_reason() == NOT_INSTALLED
+    from bench import cli
+
+    rc = cli.main(["run", "--system", "horovod", "--workload", "mlp-digits", "-np", "2",
+                   "--results-dir", str(tmp_path / "results"), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "horovod is not installed: run `make horovod`" in err[0]
     with pytest.raises(ConfigError, match="horovod is not installed: run `make horovod`"):
         train(HorovodSystem, RunSpec("horovod", "mlp-digits", workers=2), HorovodOptions(), tmp_path)
 
