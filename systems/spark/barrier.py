@@ -19,10 +19,11 @@ import torch
 from bench.records import Recorder
 from bench.spec import RunSpec
 from systems.base import option
-from systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward, prepare,
+from systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
                             record_evals, set_flat_params)
-from systems.spark.partitions import ModelSpec, ShardBlock, clock_mapper, common_steps, injected_failure, shard_blocks
-from systems.spark.session import SparkOptions, error_line, get_session, parse_conf, pyspark_unavailable_reason
+from systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
+                                      injected_failure)
+from systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
 from workloads.errors import ConfigError
 
 
@@ -110,18 +111,9 @@ class SparkBarrierSystem:
         return pyspark_unavailable_reason()
 
     def run(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
-        configure_threads(1)
-        session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf),
-                              barrier_timeout_s=options.barrier_timeout_s)
-        recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
-                              spark_master=session.master)
+        session = start_session(spec, options, recorder, barrier_timeout_s=options.barrier_timeout_s)
         sc = session.spark.sparkContext
-        t_data = time.perf_counter()
-        prep = prepare(spec)
-        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
-        data = sc.parallelize(shard_blocks(prep), spec.workers).cache()
-        data.count()
-        recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
+        prep, data = cached_shards(sc, spec, recorder)
         model = prep.build_model()
         loss_fn = prep.workload.loss_fn()
         plan = Plan(ModelSpec.of(prep), common_steps(prep), prep.eval_every(), options.fail_at_step, spec.workers)

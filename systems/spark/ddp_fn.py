@@ -4,7 +4,6 @@ reference; the ranks import this checkout through PYTHONPATH (systems.common.chi
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ def train(payload: dict[str, Any]) -> None:
     """Train; rank 0 writes {rows, snapshots, times} to payload['result_path'] (atomically). Every
     rank returns None: TorchDistributor has each rank write its return value to one shared file."""
     t_enter = time.time()
+    import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -45,13 +45,38 @@ def train(payload: dict[str, Any]) -> None:
                      "bytes": 2 * n_params * 4 * (world - 1) // world, "step_s": time.perf_counter() - t0})
         if rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             snapshots.append((step + 1, time.time(), flat_params(model)))
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, rows)
+    # Every rank ran the same step count: gather the rows as one float64 tensor (no pickled objects).
+    mine = torch.tensor([[r[k] for k in ROW_FIELDS] for r in rows], dtype=torch.float64).reshape(-1, len(ROW_FIELDS))
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
     dist.destroy_process_group()
     if rank == 0:
-        result = {"rows": [r for part in gathered for r in part], "snapshots": snapshots,
-                  "t_enter": t_enter, "t_ready": t_ready}
-        tmp = payload["result_path"] + ".tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(result, f)
-        os.replace(tmp, payload["result_path"])
+        write_result(payload["result_path"], torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
+
+
+ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s")
+_INT_FIELDS = {"worker", "step", "n_samples", "bytes"}
+
+
+def write_result(path: str, rows, snapshots: list, t_enter: float, t_ready: float) -> None:
+    """Rank 0's result as one .npz (rows, snapshot weights) plus JSON times, renamed into place."""
+    import numpy as np
+
+    arrays = {"rows": np.asarray(rows, dtype=np.float64),
+              "snapshot_steps": np.array([s[0] for s in snapshots], dtype=np.int64),
+              "snapshot_times": np.array([s[1] for s in snapshots], dtype=np.float64),
+              "snapshot_weights": np.stack([s[2] for s in snapshots]) if snapshots else np.zeros((0, 0), np.float32),
+              "times": np.array([t_enter, t_ready], dtype=np.float64)}
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def read_result(path: str) -> dict[str, Any]:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as f:
+        rows = [{k: (int(v) if k in _INT_FIELDS else float(v)) for k, v in zip(ROW_FIELDS, row)} for row in f["rows"]]
+        snapshots = list(zip(f["snapshot_steps"].tolist(), f["snapshot_times"].tolist(), list(f["snapshot_weights"])))
+        t_enter, t_ready = f["times"].tolist()
+    return {"rows": rows, "snapshots": snapshots, "t_enter": t_enter, "t_ready": t_ready}

@@ -104,3 +104,19 @@ def clock_mapper(recorder: Any) -> Any:
 
     clock_now, epoch_now = recorder.now(), time.time()
     return lambda t_epoch: clock_now + (t_epoch - epoch_now)
+
+
+def cached_shards(sc: Any, spec: Any, recorder: Any) -> tuple[Prepared, Any]:
+    """Prepare the run and cache its shards as an RDD (partition i = worker i's shard); the
+    time this takes is recorded as spark_data_ready_s."""
+    import time
+
+    from systems.common import prepare
+
+    t_data = time.perf_counter()
+    prep = prepare(spec)
+    recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+    data = sc.parallelize(shard_blocks(prep), spec.workers).cache()
+    data.count()
+    recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
+    return prep, data

@@ -161,3 +161,14 @@ def python_error(text: str) -> str | None:
                 if m and not later.startswith(("org.apache", "java.", "py4j.", "scala.")):
                     return f"{m.group(1)}: {m.group(2)}".strip()
     return None
+
+
+def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw: Any) -> SessionInfo:
+    """The session for one run; its start-up cost goes to the manifest, not to samples/s."""
+    from systems.common import configure_threads
+
+    configure_threads(1)
+    session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf), **session_kw)
+    recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
+                          spark_master=session.master)
+    return session

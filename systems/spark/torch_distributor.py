@@ -7,7 +7,6 @@ import contextlib
 import io
 import logging
 import os
-import pickle
 import tempfile
 import time
 from dataclasses import dataclass
@@ -16,9 +15,9 @@ from pathlib import Path
 from bench.records import Recorder
 from bench.spec import RunSpec
 from systems.base import option
-from systems.common import configure_threads, evaluate_splits, prepare, record_evals, set_flat_params
+from systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 from systems.spark.partitions import clock_mapper
-from systems.spark.session import SparkOptions, error_line, get_session, parse_conf, pyspark_unavailable_reason
+from systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
 
 
 @dataclass(frozen=True)
@@ -36,10 +35,8 @@ class SparkTorchSystem:
         return pyspark_unavailable_reason()
 
     def run(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
-        configure_threads(1)
-        session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf))
-        recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
-                              spark_master=session.master, torch_local_mode=options.local_mode)
+        start_session(spec, options, recorder)
+        recorder.extra["torch_local_mode"] = options.local_mode
         from pyspark.ml.torch.distributor import TorchDistributor
 
         from systems.spark import ddp_fn
@@ -59,7 +56,7 @@ class SparkTorchSystem:
         to_clock = clock_mapper(recorder)
         with tempfile.TemporaryDirectory(prefix="psbench-torch-") as tmp:
             payload = {"spec": spec.to_dict(), "fail_at_step": options.fail_at_step,
-                       "result_path": str(Path(tmp) / "result.pkl")}
+                       "result_path": str(Path(tmp) / "result.npz")}
             output = io.StringIO()  # torchrun's chatter: kept for the error message, not printed
             saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
             os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # gloo on loopback only
@@ -81,8 +78,7 @@ class SparkTorchSystem:
             if not Path(payload["result_path"]).is_file():
                 raise RuntimeError("spark-torch: TorchDistributor finished but rank 0 wrote no result; "
                                    f"output tail: {output.getvalue()[-300:]!r}")
-            with open(payload["result_path"], "rb") as f:
-                result = pickle.load(f)
+            result = ddp_fn.read_result(payload["result_path"])
 
         rows = sorted(result["rows"], key=lambda r: (r["step"], r["worker"]))
         for r in rows:
