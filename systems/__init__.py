@@ -14,6 +14,7 @@ REGISTRY: dict[str, str] = {
     "ps": "systems.ps.adapter:PSSystem",
     "ddp": "systems.ddp.adapter:DDPSystem",
     "horovod": "systems.horovod.adapter:HorovodSystem",
+    "switch": "systems.switch.adapter:SwitchSystem",
 }
 
 
