@@ -17,6 +17,7 @@ REGISTRY: dict[str, str] = {
     "spark-mllib": "systems.spark.mllib:SparkMllibSystem",
     "spark-barrier": "systems.spark.barrier:SparkBarrierSystem",
     "spark-torch": "systems.spark.torch_distributor:SparkTorchSystem",
+    "switch": "systems.switch.adapter:SwitchSystem",
 }
 
 

@@ -40,6 +40,9 @@ STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes"]
 # Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
 # sync phase on every rank (the decision is shared by one small reduction).
 StopFn = Callable[[int, dict[str, tuple[float, float]]], bool]
+# Called on rank 0 after every step with (steps done, its training loss); True stops the sync phase
+# on every rank after that step (one reduction of one float per step shares the decision).
+StepStopFn = Callable[[int, float], bool]
 
 
 class Comm(Protocol):
@@ -82,6 +85,7 @@ class SyncResult:
     weights: np.ndarray           # rank's final flat parameters (float32)
     momentum: np.ndarray          # flat SGD momentum buffers, zeros where none yet (float32)
     stopped_early: bool = False   # the stop criterion fired before the step budget
+    buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # float buffers (BatchNorm)
     step_rows: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     clock: Clock = field(default_factory=Clock)
@@ -116,8 +120,15 @@ def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: np.n
         offset += n
 
 
-def save_state(directory: Path, weights: np.ndarray, momentum: np.ndarray) -> None:
-    for name, arr in (("weights", weights), ("momentum", momentum)):
+def flat_buffers(model: nn.Module) -> np.ndarray:
+    """Floating-point buffers (BatchNorm running statistics), flat, in model.buffers() order."""
+    parts = [b.detach().reshape(-1) for b in model.buffers() if b.dtype.is_floating_point]
+    return torch.cat(parts).numpy().astype(np.float32) if parts else np.zeros(0, np.float32)
+
+
+def save_state(directory: Path, weights: np.ndarray, momentum: np.ndarray, buffers: np.ndarray | None = None) -> None:
+    named = [("weights", weights), ("momentum", momentum)] + ([("buffers", buffers)] if buffers is not None else [])
+    for name, arr in named:
         tmp = directory / f".{name}.npy.tmp"
         with open(tmp, "wb") as fh:
             np.save(fh, np.asarray(arr, dtype=np.float32), allow_pickle=False)
@@ -129,6 +140,12 @@ def read_state(directory: Path) -> tuple[np.ndarray, np.ndarray]:
             np.load(Path(directory) / "momentum.npy", allow_pickle=False))
 
 
+def read_buffers(directory: Path) -> np.ndarray:
+    """Rank 0's BatchNorm running statistics (empty when the model has none or none were saved)."""
+    path = Path(directory) / "buffers.npy"
+    return np.load(path, allow_pickle=False) if path.is_file() else np.zeros(0, np.float32)
+
+
 def _fault_step(rank: int) -> int | None:
     raw = os.environ.get(FAULT_ENV, "")
     if not raw:
@@ -138,10 +155,12 @@ def _fault_step(rank: int) -> int | None:
 
 
 def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
-             max_steps: int | None = None) -> SyncResult:
+             max_steps: int | None = None, step_stop: StepStopFn | None = None) -> SyncResult:
     """Synchronous data-parallel training on this rank's shard until the step budget (or
-    `max_steps`) runs out or `should_stop` fires. Rank 0 evaluates at single's cadence (step 0,
-    every `eval_every` steps, and at the end), off the clock: all ranks pause while it evaluates."""
+    `max_steps`) runs out or `should_stop` (at evaluations) or `step_stop` (after every step) fires.
+    Rank 0 evaluates at single's cadence (step 0, every `eval_every` steps, and at the end), off
+    the clock: all ranks pause while it evaluates. A `step_stop` stop skips the evaluation at that
+    step: whoever continues from the returned state evaluates it."""
     rank, world = comm.rank, comm.size
     model = prep.build_model()  # same seed on every rank: same initial weights
     loss_fn = prep.workload.loss_fn()
@@ -188,6 +207,11 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
         done = step + 1
         result.step_rows.append({"worker": rank, "step": step, "t_wall": clock.now(), "n_samples": len(y),
                                  "loss": loss, "bytes": nbytes})
+        if step_stop is not None and done < n_steps:
+            fire = rank == 0 and step_stop(done, loss)
+            if comm.sum_floats([1.0 if fire else 0.0])[0] > 0:
+                stopped = True
+                break
         if done % every == 0 or done == n_steps:
             stopped = eval_point(done)
     clock.stop()
@@ -195,6 +219,7 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     result.stopped_early = stopped and done < n_steps
     result.weights = flat_params(model)
     result.momentum = flat_momentum(model, optimizer)
+    result.buffers = flat_buffers(model)
     return result
 
 
@@ -230,7 +255,7 @@ def write_outputs(job_dir: Path, rank: int, result: SyncResult) -> None:
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, job_dir / f"rank{rank}.meta.json")
     if rank == 0:
-        save_state(job_dir, result.weights, result.momentum)
+        save_state(job_dir, result.weights, result.momentum, result.buffers)
 
 
 def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:
@@ -240,11 +265,13 @@ def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:
 
 
 def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -1,
-                should_stop: StopFn | None = None, max_steps: int | None = None) -> int:
+                should_stop: StopFn | None = None, max_steps: int | None = None,
+                make_step_stop: Callable[[Prepared], StepStopFn] | None = None) -> int:
     """Body of a worker process: set up, train, write outputs; on failure write rank{r}.error.json.
     `rank_hint` names the rank in an error raised before the communicator knows it (-1: unknown).
-    With `should_stop`/`max_steps` it is the sync phase of a switch: weights.npy and momentum.npy
-    in the job directory are where the async phase starts."""
+    With `should_stop`/`max_steps`/`make_step_stop` (built from the prepared run, on every rank;
+    only rank 0's is asked) it is the sync phase of a switch: weights.npy and momentum.npy in the
+    job directory are where the async phase starts."""
     job_dir = Path(job_dir)
     _exit_with_parent()
     configure_threads(1)
@@ -254,7 +281,8 @@ def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -
         prep = prepare(spec)
         comm = make_comm()
         rank = comm.rank
-        result = run_sync(prep, comm, should_stop, max_steps)
+        step_stop = make_step_stop(prep) if make_step_stop is not None else None
+        result = run_sync(prep, comm, should_stop, max_steps, step_stop)
         write_outputs(job_dir, rank, result)
         comm.shutdown()
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the launcher

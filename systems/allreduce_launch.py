@@ -134,7 +134,9 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
         recorder.add_steps(rows)
     if state_out is not None and has_rank0:
         Path(state_out).mkdir(parents=True, exist_ok=True)
-        for name in ("weights.npy", "momentum.npy"):
+        for name in ("weights.npy", "momentum.npy", "buffers.npy"):
+            if name == "buffers.npy" and not (job / name).is_file():
+                continue  # older workers, or none written
             shutil.copyfile(job / name, Path(state_out) / name)
         read_state(Path(state_out))  # fail here, not later, if the copy is unreadable
 

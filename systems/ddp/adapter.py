@@ -67,8 +67,11 @@ class DDPSystem:
             return "this torch build has no torch.distributed gloo backend"
         return None
 
-    def run(self, spec: RunSpec, options: DDPOptions, recorder: Recorder, state_out: Path | None = None) -> None:
-        """Train; rank 0's final flat weights and momentum go to `state_out` (npy) when given."""
+    def run(self, spec: RunSpec, options: DDPOptions, recorder: Recorder, state_out: Path | None = None,
+            worker_module: str = "systems.ddp.worker", worker_args: tuple[str, ...] = ()) -> None:
+        """Train; rank 0's final flat weights, momentum and buffers go to `state_out` (npy) when given.
+        `worker_module` (taking systems.ddp.worker's arguments plus `worker_args`) lets a
+        Strategy-Switch run the same ranks with a stop criterion."""
         if spec.workers % options.nnodes:
             raise ConfigError(f"workers ({spec.workers}) must be a multiple of option nnodes ({options.nnodes})")
         prep = prepare(spec)  # validates the workload here, and gives the shard report
@@ -82,9 +85,9 @@ class DDPSystem:
 
         def launch(job: Path, procs: list[subprocess.Popen]) -> None:
             for rank in ranks:
-                cmd = [sys.executable, "-m", "systems.ddp.worker", "--job", str(job), "--rank", str(rank),
+                cmd = [sys.executable, "-m", worker_module, "--job", str(job), "--rank", str(rank),
                        "--world", str(spec.workers), "--master-addr", options.master_addr,
-                       "--master-port", str(port), "--timeout-s", str(options.timeout_s)]
+                       "--master-port", str(port), "--timeout-s", str(options.timeout_s), *worker_args]
                 fds: tuple[int, ...] = ()
                 if rank == 0 and listener is not None:
                     cmd += ["--listen-fd", str(listener.fileno())]

@@ -42,8 +42,8 @@ class DDPComm:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m systems.ddp.worker")
+def build_parser(prog: str = "python -m systems.ddp.worker") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--job", type=Path, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
@@ -51,9 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--timeout-s", type=float, default=1800.0)
     p.add_argument("--listen-fd", type=int, help="rank 0: listening socket for the rendezvous store")
-    args = p.parse_args(argv)
-    return worker_main(args.job, lambda: DDPComm(args.rank, args.world, args.master_addr, args.master_port,
-                                                  args.timeout_s, args.listen_fd), rank_hint=args.rank)
+    return p
+
+
+def comm_factory(args: argparse.Namespace):
+    """The communicator is made inside worker_main (its failures are reported like any other)."""
+    return lambda: DDPComm(args.rank, args.world, args.master_addr, args.master_port, args.timeout_s, args.listen_fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return worker_main(args.job, comm_factory(args), rank_hint=args.rank)
 
 
 if __name__ == "__main__":

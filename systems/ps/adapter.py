@@ -14,9 +14,11 @@ import json
 import math
 import os
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,6 +78,7 @@ class PhaseResult:
     momentum: np.ndarray | None        # final flat momentum buffers (None without momentum)
     steps: dict[int, int]              # worker -> last step index + 1
     server_stats: list[dict[str, Any]] = field(default_factory=list)
+    buffers: np.ndarray | None = None  # worker 0's final BatchNorm statistics (for a later phase)
 
 
 def _split(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
@@ -115,10 +118,14 @@ def _set_flat_buffers(model, flat: np.ndarray) -> None:
 
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
-                 fail_worker_at: tuple[int, int] | None = None) -> PhaseResult:
+                 fail_worker_at: tuple[int, int] | None = None, init_buffers: np.ndarray | None = None,
+                 before_go: Callable[[KVWorker], None] | None = None) -> PhaseResult:
     """Train prep.spec's workload on the PS from `init_params` (default: the seeded model) and
-    optimizer state `init_momentum`, workers continuing at `start_step`. Records step rows and
-    evaluations into `recorder`; starts its clock if not running, leaves it running."""
+    optimizer state `init_momentum`, workers continuing at `start_step` with BatchNorm running
+    statistics `init_buffers` (default: the seeded model's). Records step rows and evaluations
+    into `recorder`; starts its clock if not running, leaves it running. `before_go(admin)` runs once
+    every process is ready and the shards hold their initial state, just before the workers are
+    released (a switch settles its clock there and checks the hand-off)."""
     spec = prep.spec
     n = spec.workers
     model = prep.build_model()
@@ -136,15 +143,22 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--start-step", str(start_step),
                    "--timeout-s", repr(options.step_timeout_s + 60)]
     extra = {0: ["--snapshots"]}
+    buffers_dir = tempfile.TemporaryDirectory(prefix="psbench-ps-buffers-")
+    if init_buffers is not None and len(init_buffers):
+        path = Path(buffers_dir.name) / "buffers.npy"
+        np.save(path, np.asarray(init_buffers, np.float32), allow_pickle=False)
+        worker_args += ["--init-buffers", str(path)]
     if fail_worker_at is not None:
         extra.setdefault(fail_worker_at[0], []).extend(["--fail-at-step", str(fail_worker_at[1])])
-    with Cluster(options.servers, n, token, options.host) as cluster:
+    with buffers_dir, Cluster(options.servers, n, token, options.host) as cluster:
         addresses = cluster.start_servers(server_args)
         with KVWorker(addresses, ADMIN, shapes, token) as admin:
             admin.init(_split(flat0, shapes), step=start_step)
             if init_momentum is not None and opt.momentum:
                 admin.init(_split(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
             cluster.start_workers(worker_args, addresses, extra)
+            if before_go is not None:
+                before_go(admin)
             if recorder.t0 is None:
                 recorder.start_clock()
             t_start = recorder.now()
@@ -167,6 +181,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                                  "bytes": b} for s, t, ns, lo, st, b in zip(cols["step"], cols["t_wall"],
                                  cols["n_samples"], cols["loss"], cols["staleness"], cols["bytes"])])
             steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
+        if init_buffers is not None and len(init_buffers):
+            _set_flat_buffers(model, init_buffers)
         buffers0 = _flat_buffers(model)
         evals = [(start_step, t_start, np.concatenate([flat0, buffers0]))]
         rep0 = reports.get(0)
@@ -182,7 +198,7 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
                                "mitigation": options.mitigation, "lr_applied": lr, "start_step": start_step,
                                "shards": stats})
-    return PhaseResult(final, momentum, steps, stats)
+    return PhaseResult(final, momentum, steps, stats, final_buffers)
 
 
 class PSSystem:

@@ -202,6 +202,18 @@ class Trainer:
             return np.zeros(0, np.float32)
         return np.concatenate([b.detach().numpy().reshape(-1) for b in self.buffers]).astype(np.float32)
 
+    def load_buffers(self, flat: np.ndarray) -> None:
+        """Start from another phase's BatchNorm running statistics (a Strategy-Switch hand-off)."""
+        import torch
+
+        if len(flat) != sum(b.numel() for b in self.buffers):
+            raise ValueError(f"--init-buffers has {len(flat)} values, the model's buffers {sum(b.numel() for b in self.buffers)}")
+        offset = 0
+        with torch.no_grad():
+            for b in self.buffers:
+                b.copy_(torch.from_numpy(np.array(flat[offset:offset + b.numel()])).view_as(b))
+                offset += b.numel()
+
     def load(self, tensors: dict[int, np.ndarray]) -> None:
         for k, a in tensors.items():
             np.copyto(self.views[k], a)
@@ -258,6 +270,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--snapshots", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fail-at-step", type=int, help=argparse.SUPPRESS)  # fault injection for tests
+    p.add_argument("--init-buffers", help=argparse.SUPPRESS)  # .npy of BatchNorm statistics to start from
 
 
 def _spec(args: argparse.Namespace):
@@ -292,6 +305,8 @@ def main(args: argparse.Namespace) -> int:
         kv.parent_pid = args.parent_pid
         del model
         trainer = Trainer(prep, kv, args.worker_id, args.start_step, args.snapshots, args.fail_at_step)
+        if args.init_buffers:
+            trainer.load_buffers(np.load(args.init_buffers, allow_pickle=False))
         if args.control:
             from systems.ps.launch import WorkerControl
 

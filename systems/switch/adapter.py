@@ -1,0 +1,176 @@
+"""`switch`: Strategy-Switch (Provatas et al., IEEE Access 2025). Phase 1 trains synchronously
+(torch DDP allreduce, or PS BSP) until a criterion (systems/switch/criteria.py) fires on rank 0's
+training loss; phase 2 continues asynchronously on the PS (ASP or SSP:s, any mitigation) from
+phase 1's weights, SGD momentum buffers and BatchNorm statistics, with the same workers, shards
+and batch stream, for the rest of the step budget. One run, one clock, one set of records.
+
+Hand-over: the DDP ranks stop together after the step where the criterion fired; rank 0's state
+goes through the job directory (raw .npy) into the PS shards (`init`), whose state is read back
+and compared bit for bit before the PS workers start (manifest: extra.switch.handover_exact).
+Process start-up of phase 2 is kept off the training clock, like each pure system's start-up
+(a deployment would keep the PS warm); its length is in extra.switch.handover_s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems.allreduce_common import common_steps, read_buffers, read_state
+from systems.base import option
+from systems.common import Prepared, configure_threads, prepare
+from systems.ps.adapter import PSOptions, PSSystem, run_ps_phase
+from systems.ps.policies import parse_consistency
+from systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
+from workloads.errors import ConfigError
+
+SYNC_CHOICES = ("ddp", "ps-bsp")
+
+# Tests set this to see the hand-over: called with phase 1's (weights, momentum) and what the PS
+# shards hold before the async workers start (params, momentum). None in normal runs.
+HANDOVER_HOOK: Callable[[dict[str, np.ndarray]], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchOptions:
+    criterion: str = option("plateau:window=20,threshold=0.01",
+                            "when to switch: fixed:epoch=E | fixed:fraction=F | plateau:window=W,threshold=T | "
+                            "variance:window=W,threshold=T (on rank 0's training loss, every step)")
+    sync: str = option("ddp", "phase 1: ddp (torch DDP allreduce) | ps-bsp (PS BSP; fixed criteria only)")
+    async_consistency: str = option("asp", "phase 2: asp | ssp:S")
+    mitigation: str = option("none", "phase 2 staleness mitigation: none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
+    servers: int = option(1, "PS server shards")
+    lr_scaling: str = option("auto", "PS lr scaling: auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
+    step_timeout_s: float = option(60.0, "how long PS BSP/SSP waits for slow workers before failing the step")
+    timeout_s: float = option(1800.0, "stop the DDP phase's workers and fail after this many seconds")
+
+    def __post_init__(self) -> None:
+        parse_criterion(self.criterion)
+        if self.sync not in SYNC_CHOICES:
+            raise ConfigError(f"option sync must be one of {', '.join(SYNC_CHOICES)}, got '{self.sync}'")
+        kind, _ = parse_consistency(self.async_consistency)
+        if kind == "bsp":
+            raise ConfigError("option async_consistency must be asynchronous: asp or ssp:S, got 'bsp'")
+        if self.sync == "ps-bsp" and not isinstance(parse_criterion(self.criterion), FixedPoint):
+            raise ConfigError(f"option sync=ps-bsp takes a fixed:... criterion only (PS workers do not share a "
+                              f"per-step stop decision), got '{self.criterion}'; use sync=ddp for plateau/variance")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"option timeout_s must be > 0, got {self.timeout_s}")
+        self.ps_options("bsp")  # validates servers, mitigation, lr_scaling, step_timeout_s
+
+    def ps_options(self, consistency: str, mitigation: str | None = None) -> PSOptions:
+        return PSOptions(consistency=consistency, servers=self.servers,
+                         mitigation=self.mitigation if mitigation is None else mitigation,
+                         lr_scaling=self.lr_scaling, step_timeout_s=self.step_timeout_s)
+
+
+@dataclasses.dataclass
+class Phase1:
+    steps: int                  # synchronous steps done (the switch step when the criterion fired)
+    fired: bool
+    weights: np.ndarray
+    momentum: np.ndarray | None
+    buffers: np.ndarray | None
+    t_end: float                # the run's clock when phase 1 ended
+
+
+def _fixed_switch_step(criterion: FixedPoint, prep: Prepared, budget: int) -> int:
+    """The step after which a fixed criterion fires (same rule as online), or the whole budget."""
+    per_epoch = prep.steps_per_epoch(0)
+    for done in range(1, budget + 1):
+        if criterion.should_switch(Observation(done, per_epoch, budget, 0.0)):
+            return done
+    return budget
+
+
+def _phase1_ddp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder: Recorder, budget: int) -> Phase1:
+    from systems.ddp.adapter import DDPOptions, DDPSystem
+
+    state = Path(tempfile.mkdtemp(prefix="psbench-switch-"))
+    try:
+        DDPSystem().run(spec, DDPOptions(timeout_s=options.timeout_s), recorder, state_out=state,
+                        worker_module="systems.switch.sync_worker", worker_args=("--criterion", options.criterion))
+        weights, momentum = read_state(state)
+        buffers = read_buffers(state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    steps = int(recorder.extra["steps_per_worker"])
+    t_end = recorder.t_end - recorder.t0 - recorder.extra["eval_s"]
+    return Phase1(steps, steps < budget, weights, momentum, buffers, t_end)
+
+
+def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder: Recorder, budget: int) -> Phase1:
+    steps = _fixed_switch_step(parse_criterion(options.criterion), prep, budget)
+    # The sync phase is the same run cut at the switch step: its workers see max_steps = that step.
+    prep1 = dataclasses.replace(prep, spec=dataclasses.replace(spec, max_steps=steps))
+    result = run_ps_phase(prep1, options.ps_options("bsp", mitigation="none"), recorder)
+    return Phase1(min(result.steps.values()), steps < budget, result.params, result.momentum, result.buffers,
+                  recorder.now())
+
+
+class SwitchSystem:
+    name = "switch"
+    description = "Strategy-Switch: sync (DDP allreduce or PS BSP) until a criterion fires, then async PS (ASP/SSP)"
+    Options = SwitchOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        from systems.ddp.adapter import DDPSystem
+
+        return PSSystem.unavailable_reason() or DDPSystem.unavailable_reason()
+
+    def run(self, spec: RunSpec, options: SwitchOptions, recorder: Recorder) -> None:
+        configure_threads(1)
+        prep = prepare(spec)
+        recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+        criterion = parse_criterion(options.criterion)
+        budget = common_steps(prep, spec.workers)  # the sync phase's budget: every rank the same steps
+        info: dict[str, Any] = {"criterion": describe(criterion), "criterion_text": options.criterion,
+                                "sync": options.sync, "async": options.async_consistency,
+                                "mitigation": options.mitigation, "sync_budget_steps": budget}
+        recorder.extra["switch"] = info
+        phase1 = (_phase1_ddp if options.sync == "ddp" else _phase1_ps_bsp)(spec, prep, options, recorder, budget)
+        info.update(fired=phase1.fired, switch_step=phase1.steps if phase1.fired else None,
+                    switch_t_wall=phase1.t_end if phase1.fired else None, phase1_steps=phase1.steps)
+        if not phase1.fired:
+            info["note"] = "criterion never fired: phase 1 (sync) ran the whole step budget, no async phase"
+            recorder.stop_clock()
+            return
+        wall_end = time.time()
+        handover: dict[str, Any] = {}
+
+        def before_go(admin) -> None:
+            params = np.concatenate([a.reshape(-1) for a in admin.state("params")])
+            momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
+                        if phase1.momentum is not None and prep.workload.optimizer.momentum else None)
+            handover["exact"] = bool(np.array_equal(params, phase1.weights) and
+                                     (momentum is None or np.array_equal(momentum, phase1.momentum)))
+            if HANDOVER_HOOK is not None:
+                HANDOVER_HOOK({"phase1_weights": phase1.weights, "phase1_momentum": phase1.momentum,
+                               "server_params": params, "server_momentum": momentum})
+            # Phase 2's start-up (processes, data loading) stays off the clock: resume at phase 1's end.
+            handover["s"] = time.time() - wall_end
+            recorder.adopt_clock(recorder.t0, None, time.time() - recorder.t0 - phase1.t_end)
+
+        result = run_ps_phase(prep, options.ps_options(options.async_consistency), recorder,
+                              init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
+                              init_buffers=phase1.buffers, before_go=before_go)
+        recorder.stop_clock()
+        info.update(handover_exact=handover.get("exact"), handover_s=handover.get("s"),
+                    phase2_steps={str(w): n - phase1.steps for w, n in result.steps.items()})
+        self._record_switch(recorder, phase1, options.criterion)
+
+    @staticmethod
+    def _record_switch(recorder: Recorder, phase1: Phase1, criterion: str) -> None:
+        losses = [r["loss"] for r in recorder.steps if r["worker"] == 0 and r["step"] == phase1.steps - 1]
+        # The async phase evaluates its starting weights (= phase 1's final) first, at the switch step.
+        val = [e["accuracy"] for e in recorder.evals if e["split"] == "val" and e["step"] == phase1.steps]
+        recorder.event("switch", step=phase1.steps, t_wall=phase1.t_end, criterion=criterion,
+                       loss=losses[0] if losses else None, val_accuracy=val[0] if val else None)

@@ -1,0 +1,155 @@
+"""`switch` (Strategy-Switch): real DDP ranks, then real PS shards and workers, one timeline."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench.records import Recorder
+from bench.spec import RunSpec
+from systems import get_system
+from systems.allreduce_common import concat_batch_reference
+from systems.base import parse_options
+from systems.common import child_env
+from systems.switch import adapter as switch_adapter
+from systems.switch.adapter import SwitchOptions, SwitchSystem
+from workloads.errors import ConfigError
+
+TARGET_ACCURACY = 0.90  # mlp-digits, 2 workers, 5 epochs, switch at 40%: 0.939 measured (pure ddp 0.936)
+SWITCH_STEP = 46        # fixed:fraction=0.4 of the 115 common steps
+WEIGHT_ATOL = 1e-5      # DDP vs single-process concat batch (tests/allreduce_helpers.py)
+
+
+@pytest.fixture(scope="module")
+def switched(tmp_path_factory):
+    """One run shared by the checks: mlp-digits, 2 workers, DDP to 40% of the budget, then PS ASP."""
+    seen: dict[str, np.ndarray] = {}
+    switch_adapter.HANDOVER_HOOK = seen.update
+    try:
+        spec = RunSpec("switch", "mlp-digits", workers=2, seed=0, options={"criterion": "fixed:fraction=0.4"})
+        recorder = Recorder(spec, target_accuracy=TARGET_ACCURACY)
+        SwitchSystem().run(spec, parse_options(SwitchOptions, spec.options, "switch"), recorder)
+    finally:
+        switch_adapter.HANDOVER_HOOK = None
+    result = recorder.finish(tmp_path_factory.mktemp("results"), "switch-test")
+    return spec, recorder, result, seen
+
+
+def test_async_phase_starts_from_exactly_the_phase1_state(switched):
+    spec, _, _, seen = switched
+    # The PS shards hold rank 0's phase-1 weights and momentum buffers, bit for bit.
+    assert seen["server_params"].dtype == np.float32
+    assert np.array_equal(seen["server_params"], seen["phase1_weights"])
+    assert np.array_equal(seen["server_momentum"], seen["phase1_momentum"])
+    assert np.abs(seen["phase1_momentum"]).sum() > 0  # momentum really carried, not fresh zeros
+    # ... and phase 1 is SWITCH_STEP synchronous steps: the single-process concat-batch reference.
+    weights, momentum = concat_batch_reference(spec, SWITCH_STEP)
+    assert np.abs(seen["phase1_weights"] - weights).max() < WEIGHT_ATOL
+    assert np.abs(seen["phase1_momentum"] - momentum).max() < WEIGHT_ATOL
+    # ... while one more or one fewer step would be clearly different.
+    later, _ = concat_batch_reference(spec, SWITCH_STEP + 1)
+    assert np.abs(seen["phase1_weights"] - later).max() > 100 * WEIGHT_ATOL
+
+
+def test_manifest_records_criterion_and_switch_point(switched):
+    _, _, result, _ = switched
+    manifest = json.loads((result.out_dir / "manifest.json").read_text())
+    info = manifest["extra"]["switch"]
+    assert info["criterion"] == {"kind": "fixed", "epoch": None, "fraction": 0.4}
+    assert info["fired"] is True and info["switch_step"] == SWITCH_STEP and info["handover_exact"] is True
+    assert info["sync"] == "ddp" and info["async"] == "asp"
+    assert info["phase2_steps"] == {"0": 115 - SWITCH_STEP, "1": 115 - SWITCH_STEP}
+    events = pd.read_csv(result.out_dir / "events.csv")
+    switch = events[events["kind"] == "switch"]
+    assert len(switch) == 1 and int(switch["step"].iloc[0]) == SWITCH_STEP
+    detail = json.loads(switch["detail"].iloc[0])
+    assert detail["criterion"] == "fixed:fraction=0.4" and detail["loss"] > 0 and 0 < detail["val_accuracy"] <= 1
+    assert switch["t_wall"].iloc[0] == pytest.approx(info["switch_t_wall"])
+
+
+def test_records_form_one_timeline(switched):
+    _, recorder, result, _ = switched
+    steps = pd.read_csv(result.out_dir / "steps.csv")
+    t_switch = recorder.extra["switch"]["switch_t_wall"]
+    for worker, rows in steps.groupby("worker"):
+        rows = rows.sort_values("step")
+        assert rows["step"].tolist() == list(range(115)), worker  # both phases, no gap, no repeat
+        assert rows["t_wall"].is_monotonic_increasing, worker
+        sync, async_ = rows[rows["step"] < SWITCH_STEP], rows[rows["step"] >= SWITCH_STEP]
+        assert sync["staleness"].isna().all()                       # allreduce: no staleness
+        assert async_["staleness"].notna().all() and (async_["staleness"] >= 0).all()
+        assert sync["t_wall"].max() <= t_switch + 1e-6 <= async_["t_wall"].min() + 1e-6
+    evals = pd.read_csv(result.out_dir / "evals.csv")
+    val = evals[evals["split"] == "val"]
+    assert (val["step"] < SWITCH_STEP).sum() >= 2 and (val["step"] > SWITCH_STEP).sum() >= 2
+    assert val["t_wall"].is_monotonic_increasing
+    assert val["step"].iloc[-1] == 115
+    # the async phase's first evaluation is of phase 1's final weights, stamped at the switch
+    first_async = val[val["step"] == SWITCH_STEP].iloc[0]
+    assert first_async["t_wall"] == pytest.approx(t_switch, abs=0.05)
+
+
+def test_switch_run_reaches_accuracy(switched):
+    _, _, result, _ = switched
+    assert result.summary["final_val_accuracy"] >= TARGET_ACCURACY
+    assert result.summary["time_to_target_s"] is not None
+    assert result.summary["staleness_mean"] >= 0
+
+
+def test_criterion_that_never_fires_runs_sync_only(tmp_path):
+    spec = RunSpec("switch", "mlp-digits", workers=2, seed=1, max_steps=30,
+                   options={"criterion": "plateau:window=25,threshold=0.0001"})
+    recorder = Recorder(spec)
+    SwitchSystem().run(spec, parse_options(SwitchOptions, spec.options, "switch"), recorder)
+    info = recorder.extra["switch"]
+    assert info["fired"] is False and info["switch_step"] is None and "never fired" in info["note"]
+    assert not [e for e in recorder.events if e["kind"] == "switch"]
+    assert {r["step"] for r in recorder.steps} == set(range(30)) and all(r["staleness"] is None for r in recorder.steps)
+
+
+def test_ps_bsp_phase1_then_ssp(tmp_path):
+    spec = RunSpec("switch", "mlp-digits", workers=2, seed=0, max_steps=40,
+                   options={"criterion": "fixed:fraction=0.5", "sync": "ps-bsp", "async_consistency": "ssp:1"})
+    recorder = Recorder(spec)
+    SwitchSystem().run(spec, parse_options(SwitchOptions, spec.options, "switch"), recorder)
+    info = recorder.extra["switch"]
+    assert info["switch_step"] == 20 and info["handover_exact"] is True
+    steps = pd.DataFrame(recorder.steps)
+    assert sorted(steps[steps["worker"] == 0]["step"]) == list(range(40))
+    phases = [p["consistency"] for p in recorder.extra["ps"]["phases"]]
+    assert phases == ["bsp", "ssp:1"]
+    assert (steps[steps["step"] < 20]["staleness"] == 0).all()  # BSP: every update fresh
+    # SSP:1 with 2 workers: at most 2s+1 = 3 pushes of the other between a pull and a push
+    assert (steps[steps["step"] >= 20]["staleness"] <= 3).all()
+    assert recorder.extra["ps"]["phases"][1]["shards"][0]["max_gap"] <= 1
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"criterion": "soon"}, "unknown switch criterion"),
+    ({"criterion": "plateau:window=1"}, "window must be >= 2"),
+    ({"sync": "horovod"}, "option sync must be one of ddp, ps-bsp"),
+    ({"async_consistency": "bsp"}, "must be asynchronous"),
+    ({"sync": "ps-bsp", "criterion": "variance:window=10,threshold=0.1"}, "fixed:... criterion only"),
+    ({"mitigation": "magic"}, "mitigation"),
+    ({"servers": "0"}, "servers must be >= 1"),
+])
+def test_bad_options_are_config_errors(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_options(SwitchOptions, raw, "switch")
+
+
+def test_cli_bad_criterion_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench", "run", "--system", "switch", "--workload", "mlp-digits",
+                           "-np", "2", "--criterion", "plateau:window=x", "--results-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=child_env(), timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "window must be a number" in lines[0], proc.stderr
+
+
+def test_registered():
+    assert get_system("switch") is SwitchSystem
