@@ -107,6 +107,9 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
             specs.append(RunSpec.from_dict(run))
     if not specs:
         raise ConfigError("the config expands to no runs")
+    # Seed outermost: the systems compared within one seed run close together in time, so a drift
+    # in machine load hits every system alike rather than whichever ran last.
+    specs.sort(key=lambda spec: spec.seed)
     return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
                       config.get("report", {}), source)
 
