@@ -184,8 +184,7 @@ class KVWorker:
     def register(self, nonce: str) -> int:
         """Ask shard 0 for the next free worker id (for workers started without one)."""
         replies, _ = self._round({0: self._msg("register", 0, nonce=nonce)})
-        self.worker_id = int(replies[0].extra["assigned"])
-        return self.worker_id
+        return int(replies[0].extra["assigned"])
 
     def bye(self) -> None:
         self._round({j: self._msg("bye", 0) for j in range(len(self.sockets))})
