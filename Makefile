@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick regress clean
+.PHONY: setup test bench bench-quick regress soak clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ bench-quick: setup
 # Throughput ratios vs bench/baselines/regress.json; non-zero exit on a regression beyond tolerance.
 regress: setup
 	$(BIN)/psbench regress --quick
+
+# 8 workers x 10k push-pull ops against 2 shards on loopback: ops/s, p50/p99, shard memory growth.
+soak: setup
+	$(BIN)/python -m pytest -q -s -m slow tests/test_ps_soak.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks
