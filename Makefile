@@ -31,7 +31,7 @@ regress: setup
 
 # 8 workers x 10k push-pull ops against 2 shards on loopback: ops/s, p50/p99, shard memory growth.
 soak: setup
-	$(BIN)/python -m pytest -q -s -m slow tests/test_ps_soak.py
+	$(BIN)/python -m pytest -q -s tests/soak_ps.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

@@ -34,7 +34,7 @@ SHAPES = [(32, 16), (32,)]  # every tensor >= 128 bytes: a random frame of <= 64
 N_WORKERS = 2
 MAX_MB = 1
 BULK = int(os.environ.get("PSBENCH_FUZZ_MESSAGES", "100000"))
-HYPOTHESIS_CASES = int(os.environ.get("PSBENCH_FUZZ_HYPOTHESIS", "1500"))
+HYPOTHESIS_CASES = int(os.environ.get("PSBENCH_FUZZ_HYPOTHESIS", "1000"))
 BATCH = 256  # messages in flight at once (the ROUTER answers in order; pipelining keeps it fast)
 
 

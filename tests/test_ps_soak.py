@@ -1,11 +1,10 @@
 """Soak: 8 worker processes push-pull against 2 shard processes on loopback (KVWorker, small tensors).
 Every op is answered with the full parameters, every push is applied exactly once, and the shards'
-resident memory does not grow beyond MAX_GROWTH_MB. The default is 8 x 1000 ops; the full
-8 x 10k run is marked slow (`make soak`)."""
+resident memory does not grow beyond MAX_GROWTH_MB. The default is 8 x 500 ops; the full
+8 x 10k run is in tests/soak_ps.py, outside the default suite (`make soak`)."""
 from __future__ import annotations
 
 import psutil
-import pytest
 
 from systems.ps.soak import soak
 
@@ -27,9 +26,4 @@ def check(result) -> None:
 
 
 def test_soak_short():
-    check(soak(workers=8, ops=1000, servers=2))
-
-
-@pytest.mark.slow
-def test_soak_full():
-    check(soak(workers=8, ops=10000, servers=2))
+    check(soak(workers=8, ops=500, servers=2))
