@@ -19,7 +19,7 @@ import bench.records
 from bench.cli import main as cli_main
 from bench.records import Recorder
 from bench.results import load_suite
-from bench.runner import clean_staging, is_complete, run_all
+from bench.runner import clean_staging, is_complete
 from bench.spec import RunSpec
 from systems.common import child_env
 
