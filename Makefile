@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick regress clean horovod test-horovod
+.PHONY: setup test bench bench-quick regress soak clean horovod test-horovod
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ horovod: setup
 # The Horovod tests; in `make test` they are an explicit skip while Horovod is not installed.
 test-horovod: setup
 	$(BIN)/python -m pytest -q -m horovod -rs
+
+# 8 workers x 10k push-pull ops against 2 shards on loopback: ops/s, p50/p99, shard memory growth.
+soak: setup
+	$(BIN)/python -m pytest -q -s tests/soak_ps.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

@@ -152,6 +152,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     names = args.experiments or sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml"))
     known = {p.stem: p for p in EXPERIMENTS_DIR.glob("*.toml")}
+    known.update({n: Path(n) for n in names if n.endswith((".toml", ".yaml", ".yml")) and Path(n).is_file()})
     for name in names:
         if name not in known:
             raise ConfigError(f"unknown experiment '{name}'; choose from: {', '.join(sorted(known))}")
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run the benchmark suite (bench/experiments/*.toml)",
                        description="Run the shipped experiments; completed runs are skipped (resume).")
-    p.add_argument("experiments", nargs="*", help="experiment names (default: all)")
+    p.add_argument("experiments", nargs="*", help="experiment names or experiment files (default: all shipped)")
     p.add_argument("--quick", action="store_true", help="a few-minute version of every experiment")
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
     p.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -60,11 +61,20 @@ def is_complete(results_dir: Path, suite: str, spec: RunSpec) -> bool:
 
 
 def clean_staging(results_dir: Path, suite: str) -> None:
-    """Remove staging directories an interrupted earlier run left behind."""
+    """Remove staging directories an interrupted earlier run left behind, and put back a complete
+    run that was moved aside (`.old-<run>-<pid>`) when the process died before its replacement
+    was renamed into place."""
     suite_dir = Path(results_dir) / suite
     if suite_dir.is_dir():
         for leftover in suite_dir.glob(".staging-*"):
             shutil.rmtree(leftover, ignore_errors=True)
+        for old in suite_dir.glob(".old-*"):
+            name = old.name[len(".old-"):].rpartition("-")[0]
+            final = suite_dir / name
+            if name and not final.exists() and (old / "manifest.json").is_file():
+                os.replace(old, final)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def run_one(planned: PlannedRun, results_dir: Path, suite: str) -> RunResult:

@@ -1,10 +1,10 @@
 """docker/: no Docker engine runs here, so the compose file and Dockerfile are checked statically:
 structure, scalability, one consistent image, and every command against the real CLI parsers.
 
-Commands the compose file uses that this branch may not have yet (merged later by the lead):
-`psbench ps-server`, `psbench ps-worker` and `psbench run --system spark-mllib --spark-master`.
-Their checks are xfail(strict) while the command or system is missing, and run for real (and must
-pass) as soon as it is registered.
+`psbench ps-server` and `psbench ps-worker` are registered and their commands must parse. A command
+the compose file uses that this branch may not have yet (merged later by the lead), such as
+`psbench run --system spark-mllib --spark-master`, is xfail(strict) while its system is missing and
+runs for real (and must pass) as soon as it is registered.
 """
 from __future__ import annotations
 
@@ -145,6 +145,16 @@ def test_spark_daemon_commands(service: str):
     assert set(flags) <= SPARK_CLASSES[cls], f"{service}: unknown flags {set(flags) - SPARK_CLASSES[cls]}"
     values = [a for a in argv[2:] if not a.startswith("-")]
     assert all(v for v in values)
+
+
+def test_ps_workers_scale_with_runtime_ids():
+    """Identical replicas: ids come from the server (`--worker-id auto`), the job size is shared."""
+    server, worker = argv_of("ps-server"), argv_of("worker")
+    assert pending_reason(server) is None and pending_reason(worker) is None
+    assert worker[worker.index("--worker-id") + 1] == "auto"
+    assert worker[worker.index("--workers") + 1] == server[server.index("--workers") + 1]
+    assert "{worker}" in worker[worker.index("--out") + 1], "replicas must not write the same file"
+    assert server[server.index("--bind") + 1].startswith("0.0.0.0:")
 
 
 def test_expand_requires_defaults():

@@ -73,9 +73,13 @@ def test_decode_rejects_oversize_and_wrong_token():
 
 
 def test_no_pickle_in_ps_package():
-    for path in (ROOT / "systems" / "ps").rglob("*.py"):
+    """Every module on a PS network path: the ps package and the network probe."""
+    paths = [*(ROOT / "systems" / "ps").rglob("*.py"), ROOT / "bench" / "netprobe.py"]
+    assert len(paths) >= 10
+    for path in paths:
         text = path.read_text()
-        assert not re.search(r"\b(import\s+pickle|from\s+pickle|cPickle|dill|cloudpickle)\b", text), path
+        assert not re.search(r"\b(import\s+pickle|from\s+pickle|cPickle|dill|cloudpickle|marshal)\b", text), path
+        assert not re.search(r"\b(recv_pyobj|send_pyobj|recv_serialized|eval|exec)\(", text), path
         assert "allow_pickle=True" not in text, path
         assert ".loads(" not in text or "json.loads" in text, path
 

@@ -10,6 +10,7 @@ end, in its `worker_done` control message (msgpack; no pickle, nothing per step)
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from bench.spec import RunSpec
 from systems.base import option
 from systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, prepare, record_evals,
                             set_flat_params)
-from systems.ps.launch import Cluster
+from systems.ps.launch import Cluster, Faults
 from systems.ps.partition import partition_keys
 from systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr
 from systems.ps.worker import ADMIN, KVWorker
@@ -44,6 +45,13 @@ class PSOptions:
     token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
                                         "else a random one per run; an option value is saved in the manifest)")
     step_timeout_s: float = option(60.0, "how long BSP/SSP waits for slow workers before failing the step")
+    worker_timeout_s: float = option(30.0, "ssp: a worker silent this long is taken as dead and not waited for")
+    retry_s: float = option(5.0, "a worker resends a request unanswered this long (a restarted shard lost it)")
+    checkpoint_dir: str | None = option(None, "write shard checkpoints here; a killed shard is restarted from them")
+    checkpoint_every: str = option("100", "checkpoint interval: shard updates (e.g. 100) or seconds (e.g. 5s)")
+    kill_worker_at: str | None = option(None, "fault injection: WORKER:STEP, SIGKILL that worker at that step")
+    kill_server_at: str | None = option(None, "fault injection: SHARD:VERSION or SHARD:SECONDSs, SIGKILL that "
+                                              "shard then (checkpoints on, in a temp dir if none given)")
 
     def __post_init__(self) -> None:
         parse_consistency(self.consistency)
@@ -58,6 +66,41 @@ class PSOptions:
                               f"or, inside a test network namespace, a 198.18.0.0/15 one")
         if self.token is not None and not self.token:
             raise ConfigError("token must not be empty")
+        if not (self.worker_timeout_s > 0 and self.retry_s > 0):
+            raise ConfigError(f"worker_timeout_s and retry_s must be > 0, got {self.worker_timeout_s}, {self.retry_s}")
+        from systems.ps.checkpoint import parse_interval
+
+        parse_interval(self.checkpoint_every)
+        self.faults(None)  # the syntax now; the worker index once the worker count is known
+
+    def faults(self, n_workers: int | None) -> Faults:
+        """The launcher's fault handling and injections for a phase with n_workers."""
+        kill_worker = kill_server = None
+        if self.kill_worker_at is not None:
+            parts = str(self.kill_worker_at).split(":")
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise ConfigError(f"kill_worker_at '{self.kill_worker_at}' must be WORKER:STEP, e.g. 1:20")
+            kill_worker = (int(parts[0]), int(parts[1]))
+            if n_workers is not None and kill_worker[0] >= n_workers:
+                raise ConfigError(f"kill_worker_at: worker {kill_worker[0]} does not exist ({n_workers} workers)")
+        if self.kill_server_at is not None:
+            shard, sep, when = str(self.kill_server_at).partition(":")
+            try:
+                if not (sep and shard.strip().isdigit()):
+                    raise ValueError
+                seconds = float(when[:-1]) if when.endswith("s") else None
+                version = None if seconds is not None else int(when)
+                if (seconds is not None and not seconds > 0) or (version is not None and version < 1):
+                    raise ValueError
+            except ValueError:
+                raise ConfigError(f"kill_server_at '{self.kill_server_at}' must be SHARD:VERSION (e.g. 0:150) "
+                                  f"or SHARD:SECONDSs (e.g. 0:2.5s)") from None
+            kill_server = (int(shard), version, seconds)
+            if kill_server[0] >= self.servers:
+                raise ConfigError(f"kill_server_at: shard {kill_server[0]} does not exist ({self.servers} servers)")
+        kind, _ = parse_consistency(self.consistency)
+        return Faults(tolerate_worker_loss=kind != "bsp", checkpoint_dir=self.checkpoint_dir,
+                      kill_worker=kill_worker, kill_server=kill_server)
 
 
 def _loopback(host: str) -> bool:
@@ -139,9 +182,12 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
     server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
                    "--momentum", repr(opt.momentum), "--weight-decay", repr(opt.weight_decay),
-                   "--step-timeout-s", repr(options.step_timeout_s)]
+                   "--step-timeout-s", repr(options.step_timeout_s),
+                   "--checkpoint-every", options.checkpoint_every]
+    if parse_consistency(options.consistency)[0] == "ssp":
+        server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]
     worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--start-step", str(start_step),
-                   "--timeout-s", repr(options.step_timeout_s + 60)]
+                   "--timeout-s", repr(options.step_timeout_s + 60), "--retry-s", repr(options.retry_s)]
     extra = {0: ["--snapshots"]}
     buffers_dir = tempfile.TemporaryDirectory(prefix="psbench-ps-buffers-")
     if init_buffers is not None and len(init_buffers):
@@ -150,7 +196,15 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         worker_args += ["--init-buffers", str(path)]
     if fail_worker_at is not None:
         extra.setdefault(fail_worker_at[0], []).extend(["--fail-at-step", str(fail_worker_at[1])])
-    with buffers_dir, Cluster(options.servers, n, token, options.host) as cluster:
+    faults = options.faults(n)
+    if faults.kill_worker is not None:
+        extra.setdefault(faults.kill_worker[0], []).extend(["--halt-at-step", str(faults.kill_worker[1])])
+    scratch = None
+    if faults.kill_server is not None and faults.checkpoint_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="psbench-ckpt-")
+        faults = dataclasses.replace(faults, checkpoint_dir=scratch.name)
+    with buffers_dir, Cluster(options.servers, n, token, options.host, faults=faults,
+                              consistency=options.consistency) as cluster:
         addresses = cluster.start_servers(server_args)
         with KVWorker(addresses, ADMIN, shapes, token) as admin:
             admin.init(_split(flat0, shapes), step=start_step)
@@ -162,7 +216,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
             if recorder.t0 is None:
                 recorder.start_clock()
             t_start = recorder.now()
-            cluster.go(time.time() - t_start)
+            go_t0 = time.time() - t_start
+            cluster.go(go_t0)
             reports = cluster.collect()
             t_end = recorder.now()
             with recorder.paused():
@@ -173,6 +228,10 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                 admin.shutdown()
                 cluster.wait_workers()
                 cluster.wait_servers()
+    if scratch is not None:
+        scratch.cleanup()
+    for e in cluster.events:  # worker_lost, server_lost, server_restarted, *_killed (injected)
+        recorder.event(e["kind"], step=e["step"], worker=e["worker"], t_wall=e["t"] - go_t0, **e["detail"])
     with recorder.paused():
         steps: dict[int, int] = {}
         for w, rep in sorted(reports.items()):
@@ -188,7 +247,7 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         rep0 = reports.get(0)
         if rep0 is not None:
             evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))
-        final_buffers = rep0.final_buffers if rep0 is not None else buffers0
+        final_buffers = rep0.final_buffers if rep0 is not None and not rep0.lost else buffers0
         evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
         for step, t_wall, flat in evals:
             set_flat_params(model, flat[:len(flat0)])
@@ -197,7 +256,10 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     ps_extra = recorder.extra.setdefault("ps", {"phases": []})
     ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
                                "mitigation": options.mitigation, "lr_applied": lr, "start_step": start_step,
-                               "shards": stats})
+                               "shards": stats,
+                               "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
+                                          "server_restarts": cluster.restarts,
+                                          "lost_updates": sum(r["lost_updates"] or 0 for r in cluster.restarts)}})
     return PhaseResult(final, momentum, steps, stats, final_buffers)
 
 

@@ -42,6 +42,7 @@ class Child:
     index: int
     proc: subprocess.Popen
     log_path: Path
+    handled: bool = False  # its death was dealt with (worker lost, server restarted): not an error
 
     @property
     def name(self) -> str:
@@ -83,17 +84,64 @@ class WorkerReport:
     snapshot_t: list[float] = field(default_factory=list)
     snapshots: list[np.ndarray] = field(default_factory=list)
     final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    lost: bool = False  # the worker died: rows are those it sent before (progress reports)
+
+
+ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")
+
+
+@dataclass
+class Faults:
+    """What the launcher does when a child dies, and what it injects (real SIGKILLs, for tests and
+    experiments). kill_worker = (worker, step): kill it when it reports reaching that step.
+    kill_server = (shard, version, seconds): kill it at that version, or that many seconds after go."""
+    tolerate_worker_loss: bool = False   # asp/ssp: go on without a dead worker; bsp: stop the run
+    checkpoint_dir: str | None = None    # restart a dead shard from here (None: a dead shard stops the run)
+    kill_worker: tuple[int, int] | None = None
+    kill_server: tuple[int, int | None, float | None] | None = None
+
+
+def describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 class Cluster:
     """`with Cluster(...) as c:` start_servers -> (init) -> start_workers -> go -> collect -> shutdown."""
 
     def __init__(self, n_servers: int, n_workers: int, token: str | None = None, host: str = "127.0.0.1",
-                 ready_timeout_s: float = 120.0):
+                 ready_timeout_s: float = 120.0, faults: Faults | None = None, consistency: str = "asp"):
         self.n_servers, self.n_workers = n_servers, n_workers
         self.token, self.host = token, host
         self.ready_timeout_s = ready_timeout_s
+        self.faults = faults or Faults()
+        self.consistency = consistency
         self.children: list[Child] = []
+        # What the launcher learns while training runs (for fault handling and the run's record).
+        self.events: list[dict[str, Any]] = []         # kind, t (epoch s), step, worker, detail
+        self.partial_rows: dict[int, dict[str, list]] = {}  # rows a worker sent before it finished
+        self.worker_step: dict[int, int] = {}
+        self.server_version: dict[int, int] = {}
+        self.lost_workers: dict[int, str] = {}          # worker -> how it died
+        self.server_args: list[str] = []
+        self.ports: dict[int, int] = {}
+        self.restarting: dict[int, tuple[float, int | None]] = {}  # shard -> (death time, version before)
+        self.restarts: list[dict[str, Any]] = []
+        self.go_time: float | None = None
+        self.stopping = False
+        self._killed_server = False
+        self._killed_worker = False
         self.log_dir = Path(tempfile.mkdtemp(prefix="psbench-ps-"))
         self.ctx = zmq.Context.instance()
         self.control = self.ctx.socket(zmq.ROUTER)
@@ -128,15 +176,103 @@ class Cluster:
         self.children.append(child)
         return child
 
+    def _event(self, kind: str, step: int | None = None, worker: int | None = None, **detail: Any) -> None:
+        self.events.append({"kind": kind, "t": time.time(), "step": step, "worker": worker, "detail": detail})
+
     def _check_children(self) -> None:
-        for c in self.children:
+        """Deal with children that exited: a lost worker (asp/ssp) or a restartable shard is
+        handled; anything else is one LaunchError naming the process and how it died."""
+        for c in list(self.children):
             rc = c.proc.poll()
-            if rc is not None and rc != 0:
-                raise LaunchError(f"{c.name} failed (exit code {rc}):\n{c.log_tail()}")
+            if rc is None or rc == 0 or c.handled:
+                continue
+            how = describe_exit(rc)
+            if c.role == "worker" and self.faults.tolerate_worker_loss and not self.stopping:
+                c.handled = True
+                self.lost_workers[c.index] = how
+                self._event("worker_lost", step=self.worker_step.get(c.index), worker=c.index, exit=how,
+                            rows_received=len(self.partial_rows.get(c.index, {}).get("step", [])))
+                print(f"psbench ps: worker {c.index} lost ({how}) near step {self.worker_step.get(c.index)}; "
+                      f"{self.consistency} goes on without it", file=sys.stderr)
+                continue
+            if c.role == "server" and self.faults.checkpoint_dir and not self.stopping:
+                c.handled = True
+                self._restart_server(c, how)
+                continue
+            if c.role == "worker":
+                why = (f"under {self.consistency} every step needs every worker, so the run stops"
+                       if self.consistency == "bsp" else "the run stops")
+                where = f" near step {self.worker_step[c.index]}" if c.index in self.worker_step else ""
+                raise LaunchError(f"ps worker {c.index} failed ({how}){where}; {why}. "
+                                  f"Its last log lines:\n{c.log_tail()}")
+            raise LaunchError(f"{c.name} failed ({how}):\n{c.log_tail()}")
+
+    def _restart_server(self, dead: Child, how: str) -> None:
+        j = dead.index
+        before = self.server_version.get(j)
+        self._event("server_lost", shard=j, exit=how, version_before=before)
+        print(f"psbench ps: server shard {j} lost ({how}) at version {before}; restarting it from its "
+              f"checkpoint on port {self.ports[j]}", file=sys.stderr)
+        self.restarting[j] = (time.monotonic(), before)
+        self._spawn_server(j, self.ports[j], restore=True)
+
+    def _inject(self) -> None:
+        """Time-based server kill (version- and step-based ones happen on progress reports)."""
+        ks = self.faults.kill_server
+        if ks is not None and ks[2] is not None and not self._killed_server and self.go_time is not None \
+                and time.time() - self.go_time >= ks[2]:
+            self._kill_child("server", ks[0])
+
+    def _kill_child(self, role: str, index: int) -> None:
+        child = next(c for c in reversed(self.children) if c.role == role and c.index == index)
+        if role == "server":
+            self._killed_server = True
+        else:
+            self._killed_worker = True
+        if role == "worker":
+            self._event("worker_killed", step=self.worker_step.get(index), worker=index, injected=True)
+        else:
+            self._event("server_killed", shard=index, version=self.server_version.get(index), injected=True)
+        _kill(child.proc)
+        child.proc.wait()
+
+    def _bookkeep(self, msg: protocol.Message) -> bool:
+        """Progress reports and restarted shards; True if the message was consumed here."""
+        if msg.op == "worker_progress":
+            w, step = msg.worker, msg.step
+            if 0 <= w < self.n_workers:
+                self.worker_step[w] = step
+                rows = self.partial_rows.setdefault(w, {})
+                for name, values in msg.extra.get("rows", {}).items():
+                    rows.setdefault(name, []).extend(values)
+                kw = self.faults.kill_worker
+                if kw is not None and kw[0] == w and step >= kw[1] and not self._killed_worker:
+                    self._kill_child("worker", w)
+            return True
+        if msg.op == "server_progress":
+            j, version = int(msg.extra["shard"]), int(msg.version)
+            self.server_version[j] = version
+            ks = self.faults.kill_server
+            if ks is not None and ks[0] == j and ks[1] is not None and version >= ks[1] and not self._killed_server:
+                self._kill_child("server", j)
+            return True
+        if msg.op == "server_ready" and int(msg.extra["shard"]) in self.restarting:
+            j = int(msg.extra["shard"])
+            t_dead, before = self.restarting.pop(j)
+            restored = int(msg.extra.get("version", msg.version))
+            record = {"shard": j, "version_before": before, "restored_version": restored,
+                      "lost_updates": None if before is None else before - restored,
+                      "recovery_s": time.monotonic() - t_dead}
+            self.restarts.append(record)
+            self.server_version[j] = restored
+            self._event("server_restarted", **record)
+            return True
+        return False
 
     def _receive(self, deadline: float, what: str) -> tuple[bytes, protocol.Message]:
         while True:
             self._check_children()
+            self._inject()
             if self.control.poll(100):
                 frames = self.control.recv_multipart(copy=False)
                 try:
@@ -144,24 +280,38 @@ class Cluster:
                 except protocol.ProtocolError as exc:  # not from our children: ignore it, keep going
                     print(f"psbench ps: ignored a bad control message: {exc}", file=sys.stderr)
                     continue
+                if self._bookkeep(msg):
+                    continue
                 return frames[0].bytes, msg
             if time.monotonic() > deadline:
                 raise LaunchError(f"timed out waiting for {what}")
 
     # ---- the phases ---------------------------------------------------------------------------
+    def _spawn_server(self, j: int, port: int, restore: bool = False) -> Child:
+        argv = ["-m", "systems.ps.server", "--bind", f"{self.host}:{port}", "--shard-id", str(j),
+                "--servers", str(self.n_servers), "--workers", str(self.n_workers),
+                "--control", self.control_address, "--parent-pid", str(os.getpid()), *self.server_args]
+        if self.faults.checkpoint_dir:
+            argv += ["--checkpoint-dir", self.faults.checkpoint_dir]
+        ks = self.faults.kill_server
+        if restore:
+            argv.append("--restore")
+        elif ks is not None and ks[0] == j and ks[1] is not None:
+            argv += ["--halt-at-version", str(ks[1])]  # it stops answering there; we SIGKILL it
+        return self._spawn("server", j, argv)
+
     def start_servers(self, server_args: list[str]) -> list[str]:
         """Start the shards (each binds a free port on `host`); returns their host:port, in order."""
+        self.server_args = list(server_args)
         for j in range(self.n_servers):
-            self._spawn("server", j, ["-m", "systems.ps.server", "--bind", f"{self.host}:0", "--shard-id", str(j),
-                                      "--servers", str(self.n_servers), "--workers", str(self.n_workers),
-                                      "--control", self.control_address, "--parent-pid", str(os.getpid()),
-                                      *server_args])
+            self._spawn_server(j, 0)
         ports: dict[int, int] = {}
         deadline = time.monotonic() + self.ready_timeout_s
         while len(ports) < self.n_servers:
             _, msg = self._receive(deadline, f"{self.n_servers - len(ports)} server shard(s) to start")
             if msg.op == "server_ready":
                 ports[int(msg.extra["shard"])] = int(msg.extra["port"])
+        self.ports = ports
         return [f"{self.host}:{ports[j]}" for j in range(self.n_servers)]
 
     def start_workers(self, worker_args: list[str], addresses: list[str], extra: dict[int, list[str]] | None = None) -> None:
@@ -178,6 +328,7 @@ class Cluster:
 
     def go(self, t0: float) -> None:
         """Release every worker at once; t0 is the epoch time their t_wall counts from."""
+        self.go_time = t0
         for ident in self.worker_idents.values():
             self.control.send_multipart([ident, *protocol.encode("go", token=self.token, t0=t0)])
 
@@ -185,16 +336,20 @@ class Cluster:
         """Wait for every worker's report; a failed worker stops everything (LaunchError)."""
         reports: dict[int, WorkerReport] = {}
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else 10 ** 9)
-        while len(reports) < self.n_workers:
+        while len(reports) + len(set(self.lost_workers) - set(reports)) < self.n_workers:
             _, msg = self._receive(deadline, f"{self.n_workers - len(reports)} worker(s) to finish")
             if msg.op == "worker_done":
                 arrays = [a.copy() for a in msg.arrays]  # the last one: the worker's final buffers
                 reports[msg.worker] = WorkerReport(msg.worker, msg.extra["rows"], list(msg.extra["snapshot_steps"]),
                                                    list(msg.extra["snapshot_t"]), arrays[:-1], arrays[-1])
+        for w in sorted(set(self.lost_workers) - set(reports)):  # the rows it sent before it died
+            rows = self.partial_rows.get(w, {})
+            reports[w] = WorkerReport(w, {c: rows.get(c, []) for c in ROW_COLUMNS}, lost=True)
         return reports
 
     def wait_workers(self, timeout_s: float = 30.0) -> None:
-        """After collect: let the workers exit (off the training clock); a non-zero exit is an error."""
+        """After collect: let the workers exit (off the training clock); a non-zero exit is an error
+        (except a worker already recorded as lost)."""
         deadline = time.monotonic() + timeout_s
         for c in self.children:
             if c.role == "worker":
@@ -205,6 +360,7 @@ class Cluster:
         self._check_children()
 
     def wait_servers(self, timeout_s: float = 10.0) -> None:
+        self.stopping = True
         deadline = time.monotonic() + timeout_s
         for c in self.children:
             if c.role == "server":
@@ -236,6 +392,17 @@ class WorkerControl:
                 raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
         msg = protocol.decode(self.sock.recv_multipart(copy=False), ops=protocol.CONTROL_OPS)
         return float(msg.extra["t0"])
+
+    def progress(self, step: int, rows: dict[str, list], halted: bool = False) -> None:
+        """New step rows and the step reached; halted (fault injection): wait here to be killed."""
+        self.sock.send_multipart(protocol.encode("worker_progress", worker=self.worker_id, token=self.token,
+                                                 step=step, rows=rows, halted=halted))
+        if halted:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
+                time.sleep(0.05)
 
     def done(self, result: Any) -> None:
         arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in [*result.snapshots, result.final_buffers]]

@@ -118,6 +118,7 @@ class Request:
     want_params: bool = False
     keys: list[int] | None = None
     staleness: int | None = None
+    rid: int | None = None  # the client's request id: echoed in the reply, used to spot retries
 
 
 class Server(Protocol):
@@ -155,6 +156,28 @@ class Policy:
 
     def stats(self) -> dict[str, Any]:
         return {"policy": self.kind, "max_gap": self.max_gap}
+
+    # ---- fault tolerance ----------------------------------------------------------------
+    def waiting_requests(self) -> list[Request]:
+        """Requests held for an answer (a worker with one is alive: it is waiting on us)."""
+        return []
+
+    def find_pending(self, worker: int, rid: int | None) -> Request | None:
+        """The held request of `worker` with request id `rid` (a retry of it must not count twice)."""
+        if rid is None:
+            return None
+        return next((r for r in self.waiting_requests() if r.worker == worker and r.rid == rid), None)
+
+    def drop_dead(self, srv: Server, worker: int) -> bool:
+        """A worker not heard from for worker_timeout_s: True if the policy stops waiting for it.
+        ASP never waits; SSP stops counting it; BSP keeps waiting (its step times out instead)."""
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"live": sorted(self.live)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.live = {int(w) for w in state.get("live", self.live)}
 
 
 class BSP(Policy):
@@ -198,6 +221,9 @@ class BSP(Policy):
     def bye(self, srv, worker):
         super().bye(srv, worker)
         self._maybe_apply(srv)
+
+    def waiting_requests(self):
+        return list(self.pending.values())
 
     def expire(self, srv, now, timeout_s):
         if self.pending and now - min(r.t_arrival for r in self.pending.values()) > timeout_s:
@@ -260,6 +286,20 @@ class SSP(Policy):
     def bye(self, srv, worker):
         super().bye(srv, worker)
         self._release(srv)
+
+    def waiting_requests(self):
+        return list(self.waiting)
+
+    def drop_dead(self, srv, worker):
+        self.bye(srv, worker)
+        return True
+
+    def state_dict(self):
+        return {**super().state_dict(), "clock": {str(w): c for w, c in self.clock.items()}}
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.clock.update({int(w): int(c) for w, c in state.get("clock", {}).items()})
 
     def expire(self, srv, now, timeout_s):
         late = [r for r in self.waiting if now - r.t_arrival > timeout_s]

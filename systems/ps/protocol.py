@@ -19,9 +19,9 @@ import msgpack
 import numpy as np
 
 # Requests a server shard answers, replies it sends, and the launcher's control messages.
-SERVER_OPS = frozenset({"init", "pull", "push", "bye", "state", "stats", "shutdown"})
+SERVER_OPS = frozenset({"init", "pull", "push", "bye", "state", "stats", "shutdown", "register"})
 REPLY_OPS = frozenset({"ok", "params", "error"})
-CONTROL_OPS = frozenset({"server_ready", "worker_ready", "go", "worker_done"})
+CONTROL_OPS = frozenset({"server_ready", "worker_ready", "go", "worker_done", "worker_progress", "server_progress"})
 ALL_OPS = SERVER_OPS | REPLY_OPS | CONTROL_OPS
 
 ALLOWED_DTYPES = {"float32": np.dtype(np.float32)}
@@ -30,6 +30,8 @@ MAX_HEADER_BYTES = 16 * 2**20  # the header holds names and small lists; a huge 
 
 # Fields every message needs, and their types (bool is excluded from int on purpose).
 REQUIRED: dict[str, type] = {"op": str, "worker": int, "step": int, "version": int}
+# Optional fields checked whenever present: a request id (retries and de-duplication echo it).
+OPTIONAL_UINT = ("rid",)
 
 
 class ProtocolError(ValueError):
@@ -99,9 +101,14 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
         value = header[name]
         if not isinstance(value, kind) or isinstance(value, bool):
             raise ProtocolError(f"header field '{name}' must be {kind.__name__}, got {type(value).__name__}")
+    for name in OPTIONAL_UINT:
+        if name in header:
+            value = header[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ProtocolError(f"header field '{name}' must be a non-negative int, got {value!r:.40}")
     op = header["op"]
     if op not in ops:
-        raise ProtocolError(f"unknown op '{op}'; allowed: {', '.join(sorted(ops))}")
+        raise ProtocolError(f"unknown op '{op[:40]}'; allowed: {', '.join(sorted(ops))}")
     keys, dtypes, shapes = header.get("keys", []), header.get("dtypes", []), header.get("shapes", [])
     if not (isinstance(keys, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
         raise ProtocolError("header fields keys, dtypes and shapes must be lists")

@@ -17,11 +17,12 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from systems.ps import protocol
+from systems.ps import checkpoint, protocol
 from systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_consistency, parse_mitigation
 
 log = logging.getLogger("psbench.ps.server")
@@ -48,7 +49,9 @@ class SGD:
 
 class Shard:
     def __init__(self, shard_id: int, n_workers: int, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 consistency: str = "asp", mitigation: str = "none", step_timeout_s: float = 60.0):
+                 consistency: str = "asp", mitigation: str = "none", step_timeout_s: float = 60.0,
+                 worker_timeout_s: float | None = None, checkpoint_dir: str | None = None,
+                 checkpoint_every: str = "100"):
         self.shard_id = shard_id
         self.n_workers = n_workers
         self.lr = lr
@@ -68,6 +71,22 @@ class Shard:
         self.n_errors = 0
         self.stopping = False
         self.outbox: list[tuple[bytes, list[Any]]] = []
+        # Fault tolerance: liveness (last message time per worker), de-duplication of retried
+        # pushes (the last request id applied per worker), ids handed out by `register`.
+        self.worker_timeout_s = worker_timeout_s
+        self.last_seen: dict[int, float] = {}
+        self.dropped: set[int] = set()        # workers the policy stopped waiting for (dead)
+        self.lost_workers: list[int] = []
+        self.done_rid: dict[int, int] = {}
+        self.n_duplicates = 0
+        self.registered: dict[str, int] = {}  # nonce -> worker id
+        self._next_liveness = 0.0
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_interval = checkpoint.parse_interval(checkpoint_every)
+        self.checkpoint_version: int | None = None
+        self.checkpoint_t = 0.0
+        self.n_checkpoints = 0
+        self.restored_version: int | None = None
 
     # ---- what policies call ---------------------------------------------------------------
     def apply(self, grads: dict[int, np.ndarray], workers: list[int]) -> int:
@@ -89,25 +108,26 @@ class Shard:
             self.pulled_version[req.worker] = self.version
             self.snapshot[req.worker] = self.params  # a reference: params are replaced, not mutated
         return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=keys,
-                               arrays=[self.params[k] for k in keys], **extra)
+                               arrays=[self.params[k] for k in keys], **_rid(req.rid), **extra)
 
     def reply_push(self, req: Request, staleness: int) -> None:
         if req.want_params:
             frames = self._params_frames(req, "params", self.keys, staleness=staleness)
         else:
-            frames = protocol.encode("ok", worker=req.worker, step=req.step, version=self.version, staleness=staleness)
+            frames = protocol.encode("ok", worker=req.worker, step=req.step, version=self.version, staleness=staleness,
+                                     **_rid(req.rid))
         self.outbox.append((req.ident, frames))
 
     def reply_pull(self, req: Request) -> None:
         self.outbox.append((req.ident, self._params_frames(req, "params", req.keys or self.keys)))
 
     def reply_error(self, req: Request, text: str) -> None:
-        self.error(req.ident, text, req.worker)
+        self.error(req.ident, text, req.worker, req.rid)
 
-    def error(self, ident: bytes, text: str, worker: int = ADMIN) -> None:
+    def error(self, ident: bytes, text: str, worker: int = ADMIN, rid: int | None = None) -> None:
         self.n_errors += 1
         log.warning("shard %d: rejected a message from worker %s: %s", self.shard_id, worker, text)
-        self.outbox.append((ident, protocol.error_frames(text, worker=worker)))
+        self.outbox.append((ident, protocol.encode("error", worker=worker, error=text, **_rid(rid))))
 
     # ---- requests -------------------------------------------------------------------------
     def handle(self, ident: bytes, msg: protocol.Message, now: float | None = None) -> None:
@@ -118,8 +138,13 @@ class Shard:
             raise protocol.ProtocolError(f"op '{op}' is not a request a server answers")
         if not (w == ADMIN or 0 <= w < self.n_workers):
             raise protocol.ProtocolError(f"worker id {w} out of range (0..{self.n_workers - 1}, or -1 for admin)")
-        req = Request(ident, w, msg.step, now, want_params=bool(msg.extra.get("want_params", False)))
-        if op == "init":
+        rid = msg.extra.get("rid")
+        req = Request(ident, w, msg.step, now, want_params=bool(msg.extra.get("want_params", False)), rid=rid)
+        if w != ADMIN:
+            self._seen(w, now)
+        if op == "register":
+            self._register(req, msg)
+        elif op == "init":
             self._init(req, msg)
         elif op == "stats":
             self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version, stats=self.stats())))
@@ -144,16 +169,59 @@ class Shard:
                 raise protocol.ProtocolError(f"pull of key(s) {unknown} not held by shard {self.shard_id} "
                                              f"(keys {self.keys[0]}..{self.keys[-1]})")
             req.keys = keys
-            self.policy.pull(self, req) if w != ADMIN else self.reply_pull(req)
+            if w == ADMIN:
+                self.reply_pull(req)
+            elif not self._retried(req):
+                self.policy.pull(self, req)
         elif op == "push":
             if w == ADMIN:
                 raise protocol.ProtocolError("push needs a worker id >= 0")
             self._check_tensors(msg, exact=True)
+            if self._retried(req):
+                return
+            if rid is not None and rid <= self.done_rid.get(w, -1):
+                # applied before its reply was lost (or before a restart): answer, never apply twice
+                self.n_duplicates += 1
+                self.reply_push(req, 0)
+                return
             req.grads = msg.tensors()
+            if rid is not None:
+                self.done_rid[w] = rid
             self.policy.push(self, req)
         elif op == "bye":
             self.policy.bye(self, w)
             self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version)))
+
+    def _retried(self, req: Request) -> bool:
+        """A retry of a request still held by the policy: answer it on the connection it came from."""
+        held = self.policy.find_pending(req.worker, req.rid)
+        if held is None:
+            return False
+        held.ident = req.ident
+        self.n_duplicates += 1
+        return True
+
+    def _seen(self, w: int, now: float) -> None:
+        self.last_seen[w] = now
+        if w in self.dropped:  # it was only slow, or it restarted: count it again
+            self.dropped.discard(w)
+            self.policy.live.add(w)
+            log.warning("shard %d: worker %d is back", self.shard_id, w)
+
+    def _register(self, req: Request, msg: protocol.Message) -> None:
+        """Hand out the next free worker id (docker --scale starts identical workers)."""
+        if req.worker != ADMIN:
+            raise protocol.ProtocolError(f"register comes from worker -1 (no id yet), got {req.worker}")
+        nonce = msg.extra.get("nonce")
+        if not isinstance(nonce, str) or not 1 <= len(nonce) <= 128:
+            raise protocol.ProtocolError("register needs a nonce: a string of 1..128 characters")
+        if nonce not in self.registered:  # a retried register gets the same id
+            if len(self.registered) >= self.n_workers:
+                raise protocol.ProtocolError(f"all {self.n_workers} worker ids are taken "
+                                             f"(the job was started with --workers {self.n_workers})")
+            self.registered[nonce] = len(self.registered)
+        self.outbox.append((req.ident, protocol.encode("ok", worker=ADMIN, version=self.version,
+                                                       assigned=self.registered[nonce], **_rid(req.rid))))
 
     def _check_tensors(self, msg: protocol.Message, exact: bool) -> None:
         if exact and sorted(msg.keys) != self.keys:
@@ -204,30 +272,99 @@ class Shard:
                                                        initialised=True)))
 
     def expire(self, now: float | None = None) -> None:
-        self.policy.expire(self, time.monotonic() if now is None else now, self.step_timeout_s)
+        now = time.monotonic() if now is None else now
+        self.policy.expire(self, now, self.step_timeout_s)
+        if self.worker_timeout_s is not None and now >= self._next_liveness:
+            self._next_liveness = now + min(0.5, self.worker_timeout_s / 4)
+            waiting = {r.worker for r in self.policy.waiting_requests()}
+            for w, seen in list(self.last_seen.items()):
+                if w in self.policy.live and w not in waiting and now - seen > self.worker_timeout_s:
+                    del self.last_seen[w]
+                    if self.policy.drop_dead(self, w):
+                        self.dropped.add(w)
+                        self.lost_workers.append(w)
+                        log.warning("shard %d: worker %d silent for %.1fs, no longer waited for",
+                                    self.shard_id, w, now - seen)
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def maybe_checkpoint(self, now: float | None = None) -> bool:
+        if self.checkpoint_dir is None or not self.keys:
+            return False
+        now = time.monotonic() if now is None else now
+        if self.checkpoint_version is not None and not self.checkpoint_interval.due(
+                self.version, self.checkpoint_version, now, self.checkpoint_t):
+            return False
+        self.save_checkpoint(now)
+        return True
+
+    def save_checkpoint(self, now: float | None = None) -> None:
+        assert self.checkpoint_dir is not None
+        checkpoint.save(Path(self.checkpoint_dir), self.shard_id, self.version, self.keys, self.params, self.momentum,
+                        {"policy": self.policy.state_dict(), "done_rid": {str(w): r for w, r in self.done_rid.items()},
+                         "registered": self.registered, "consistency": self.consistency,
+                         "staleness_hist": {str(k): int(v) for k, v in self.staleness.items()}})
+        self.checkpoint_version = self.version
+        self.checkpoint_t = time.monotonic() if now is None else now
+        self.n_checkpoints += 1
+
+    def restore(self, directory: str) -> int:
+        """Load the last checkpoint of this shard; returns its version."""
+        from workloads.errors import ConfigError
+
+        state = checkpoint.load(Path(directory), self.shard_id)
+        if state.header.get("consistency") != self.consistency:
+            raise ConfigError(f"checkpoint in {directory} was made under {state.header.get('consistency')}, "
+                              f"this shard runs {self.consistency}")
+        if state.momentum and not self.optimizer.momentum:
+            raise ConfigError("checkpoint holds momentum but this shard runs without it")
+        self.keys, self.params, self.version = state.keys, state.params, state.version
+        self.shapes = {k: a.shape for k, a in self.params.items()}
+        self.momentum = state.momentum or ({k: np.zeros_like(a) for k, a in self.params.items()}
+                                           if self.optimizer.momentum else {})
+        self.policy.load_state(state.header.get("policy", {}))
+        self.pulled_version = {w: self.version for w in range(self.n_workers)}
+        self.done_rid = {int(w): int(r) for w, r in state.header.get("done_rid", {}).items()}
+        self.registered = {str(n): int(i) for n, i in state.header.get("registered", {}).items()}
+        self.staleness = Counter({int(k): int(v) for k, v in state.header.get("staleness_hist", {}).items()})
+        self.checkpoint_version, self.checkpoint_t = self.version, time.monotonic()
+        self.restored_version = self.version
+        return self.version
 
     def stats(self) -> dict[str, Any]:
         return {"shard": self.shard_id, "version": self.version, "keys": self.keys,
                 "applied": int(sum(self.staleness.values())),
                 "staleness_hist": {str(k): int(v) for k, v in sorted(self.staleness.items())},
-                "errors": self.n_errors, **self.policy.stats()}
+                "errors": self.n_errors, "duplicates": self.n_duplicates, "lost_workers": self.lost_workers,
+                "checkpoints": self.n_checkpoints, "restored_version": self.restored_version,
+                **self.policy.stats()}
 
     def receive(self, ident: bytes, frames: list[Any], token: str | None, max_bytes: int) -> None:
         """Decode + handle; a bad message gets an error reply and leaves the state as it was."""
+        msg = None
         try:
             msg = protocol.decode(frames, token=token, max_bytes=max_bytes, ops=protocol.ALL_OPS)
             self.handle(ident, msg)
         except protocol.ProtocolError as exc:
-            self.error(ident, str(exc))
+            self.error(ident, str(exc), rid=msg.extra.get("rid") if msg is not None else None)
         except Exception as exc:  # a bug must not take the shard down mid-run; say so loudly
             log.exception("shard %d: internal error", self.shard_id)
             self.error(ident, f"internal server error: {type(exc).__name__}: {exc}")
 
 
+def _rid(rid: int | None) -> dict[str, int]:
+    return {} if rid is None else {"rid": rid}
+
+
+PROGRESS_EVERY_S = 1.0  # how often a launched shard tells the launcher its version
+
+
 def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           max_bytes: int = protocol.DEFAULT_MAX_BYTES, control: str | None = None,
-          parent_pid: int | None = None) -> None:
-    """Bind a ROUTER socket and answer until a shutdown request (or the parent process dies)."""
+          parent_pid: int | None = None, halt_at_version: int | None = None) -> None:
+    """Bind a ROUTER socket and answer until a shutdown request (or the parent process dies).
+    With `control`, report readiness and then the shard's version every second (the launcher
+    measures lost work from it). `halt_at_version` (fault injection): on reaching that version,
+    report it and stop answering, so the launcher can SIGKILL this process at a known version."""
     import zmq
 
     ctx = zmq.Context.instance()
@@ -239,27 +376,56 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
     else:
         port = sock.bind_to_random_port(f"tcp://{host}")
     print(f"ps-server shard {shard.shard_id} listening on {host}:{port}", file=sys.stderr, flush=True)
+    ctl = None
     if control:
         ctl = ctx.socket(zmq.DEALER)
-        ctl.setsockopt(zmq.LINGER, 2000)
+        ctl.setsockopt(zmq.LINGER, 0)
         ctl.connect(control)
-        ctl.send_multipart(protocol.encode("server_ready", token=token, shard=shard.shard_id, port=port))
-        ctl.close()
+        ctl.send_multipart(protocol.encode("server_ready", token=token, shard=shard.shard_id, port=port,
+                                           version=shard.version, restored=shard.restored_version is not None))
+
+    def report(**extra: Any) -> None:
+        if ctl is not None:
+            try:
+                ctl.send_multipart(protocol.encode("server_progress", token=token, version=shard.version,
+                                                   shard=shard.shard_id, **extra), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    next_report = time.monotonic() + PROGRESS_EVERY_S
     try:
         while not shard.stopping:
             if sock.poll(200):
                 frames = sock.recv_multipart(copy=False)
                 shard.receive(frames[0].bytes, frames[1:], token, max_bytes)
-            else:
-                if parent_pid is not None and os.getppid() != parent_pid:
-                    log.warning("shard %d: launcher %d is gone, exiting", shard.shard_id, parent_pid)
-                    return
+            elif parent_pid is not None and os.getppid() != parent_pid:
+                log.warning("shard %d: launcher %d is gone, exiting", shard.shard_id, parent_pid)
+                return
             shard.expire()
+            shard.maybe_checkpoint()
+            if halt_at_version is not None and shard.version >= halt_at_version:
+                report(halted=True)  # the replies in the outbox are never sent: clients must retry
+                _stall(parent_pid)
+                return
             for ident, out in shard.outbox:
                 sock.send_multipart([ident, *out], copy=False)
             shard.outbox.clear()
+            if ctl is not None and time.monotonic() >= next_report:
+                report()
+                next_report = time.monotonic() + PROGRESS_EVERY_S
     finally:
         sock.close()
+        if ctl is not None:
+            ctl.close()
+
+
+def _stall(parent_pid: int | None, limit_s: float = 120.0) -> None:
+    """Wait to be killed (fault injection); give up if the launcher is gone or never does."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if parent_pid is not None and os.getppid() != parent_pid:
+            return
+        time.sleep(0.05)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -275,6 +441,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--momentum", type=float, help="SGD momentum")
     p.add_argument("--weight-decay", type=float, help="SGD weight decay")
     p.add_argument("--step-timeout-s", type=float, default=60.0, help="BSP/SSP wait bound in seconds (default 60)")
+    p.add_argument("--worker-timeout-s", type=float, default=None,
+                   help="SSP stops waiting for a worker silent this long (default: never)")
+    p.add_argument("--checkpoint-dir", help="write shard checkpoints here (params, momentum, version)")
+    p.add_argument("--checkpoint-every", default="100",
+                   help="checkpoint interval: updates (e.g. 100) or seconds (e.g. 5s); default 100")
+    p.add_argument("--restore", action="store_true", help="start from the last checkpoint in --checkpoint-dir")
+    p.add_argument("--halt-at-version", type=int, help=argparse.SUPPRESS)  # fault injection for tests
     p.add_argument("--max-message-mb", type=float, default=protocol.DEFAULT_MAX_BYTES / 2**20,
                    help="reject messages larger than this (default 512)")
     p.add_argument("--token", help="shared token every message must carry (or env PSBENCH_PS_TOKEN)")
@@ -301,8 +474,15 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
         wd = wd if wd is not None else opt.weight_decay
     if lr is None:
         raise ConfigError("give --lr or --workload")
-    return Shard(args.shard_id, args.workers, lr, momentum or 0.0, wd or 0.0, args.consistency, args.mitigation,
-                 args.step_timeout_s)
+    if args.worker_timeout_s is not None and not args.worker_timeout_s > 0:
+        raise ConfigError(f"--worker-timeout-s must be > 0, got {args.worker_timeout_s}")
+    if args.restore and not args.checkpoint_dir:
+        raise ConfigError("--restore needs --checkpoint-dir")
+    shard = Shard(args.shard_id, args.workers, lr, momentum or 0.0, wd or 0.0, args.consistency, args.mitigation,
+                  args.step_timeout_s, args.worker_timeout_s, args.checkpoint_dir, args.checkpoint_every)
+    if args.restore:
+        shard.restore(args.checkpoint_dir)
+    return shard
 
 
 def split_address(text: str) -> tuple[str, int]:
@@ -320,7 +500,8 @@ def main(args: argparse.Namespace) -> int:
     shard = shard_from_args(args)
     host, port = split_address(args.bind)
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
-    serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid)
+    serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
+          args.halt_at_version)
     return 0
 
 

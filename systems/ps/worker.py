@@ -25,6 +25,7 @@ from systems.ps import protocol
 from systems.ps.partition import partition_keys
 
 ADMIN = -1
+PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to the launcher
 
 
 @dataclass
@@ -39,17 +40,26 @@ class KVWorker:
     """Client of S shards. Keys are model tensor indices; `partition_keys` says which shard owns which."""
 
     def __init__(self, addresses: Sequence[str], worker_id: int, shapes: Sequence[Sequence[int]],
-                 token: str | None = None, timeout_s: float = 120.0, max_bytes: int = protocol.DEFAULT_MAX_BYTES):
+                 token: str | None = None, timeout_s: float = 120.0, max_bytes: int = protocol.DEFAULT_MAX_BYTES,
+                 retry_s: float = 5.0):
         import zmq
 
         self.worker_id = worker_id
         self.parent_pid: int | None = None  # set by a launched worker: stop waiting if the launcher dies
         self.token = token
         self.timeout_ms = int(timeout_s * 1000)
+        # A request unanswered for retry_s is sent again (a shard that crashed and restarted lost
+        # it); each carries a request id, so the shard never applies a retried push twice and we
+        # drop late answers to requests already answered.
+        self.retry_ms = max(1, int(retry_s * 1000))
+        self.rid = 0
+        self.retries = 0
         self.max_bytes = max_bytes
         self.addresses = list(addresses)
         self.shapes = [tuple(s) for s in shapes]
-        self.layout = partition_keys([math.prod(s) for s in self.shapes], len(self.addresses))
+        # no shapes: a client that only registers or administers (it never routes keys)
+        self.layout = (partition_keys([math.prod(s) for s in self.shapes], len(self.addresses)) if self.shapes
+                       else [[] for _ in self.addresses])
         self.owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
         self.versions = [0] * len(self.addresses)  # the version of each shard's parameters we hold
         self.ctx = zmq.Context.instance()
@@ -74,33 +84,43 @@ class KVWorker:
     # ---- one round: a message to some shards, their replies ------------------------------------
     def _round(self, requests: dict[int, list[Any]]) -> tuple[dict[int, protocol.Message], int]:
         nbytes = 0
+        rid = self.rid  # the id _msg put into every request of this round
+        self.rid += 1
         for j, frames in requests.items():
             self.sockets[j].send_multipart(frames, copy=False)
             nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
         replies: dict[int, protocol.Message] = {}
-        for j in requests:
-            self._wait(j)
-            frames = self.sockets[j].recv_multipart(copy=False)
-            msg = protocol.decode(frames, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
+        for j, frames in requests.items():
+            msg = self._receive(j, rid, frames)
             replies[j] = protocol.check_error(msg, f"server shard {j} ({self.addresses[j]})")
             if msg.op == "params":
                 self.versions[j] = msg.version
             nbytes += msg.nbytes
         return replies, nbytes
 
-    def _wait(self, j: int) -> None:
-        """Block until shard j answers; give up after the timeout or when our launcher is gone."""
-        if self.sockets[j].poll(min(self.timeout_ms, 1000)):
-            return
-        waited = 1000
-        while waited < self.timeout_ms:
+    def _receive(self, j: int, rid: int, frames: list[Any]) -> protocol.Message:
+        """Shard j's answer to request `rid`: resend every retry_s, drop answers to older requests,
+        give up after the timeout or when our launcher is gone."""
+        waited = 0
+        next_retry = self.retry_ms
+        while True:
+            step_ms = min(1000, next_retry - waited, self.timeout_ms - waited)
+            if self.sockets[j].poll(max(1, step_ms)):
+                msg = protocol.decode(self.sockets[j].recv_multipart(copy=False), max_bytes=self.max_bytes,
+                                      ops=protocol.REPLY_OPS)
+                if msg.extra.get("rid", rid) == rid:
+                    return msg
+                continue  # a late answer to a request we already have the answer to
+            waited += max(1, step_ms)
+            if waited >= self.timeout_ms:
+                raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
+                                       f"{self.timeout_ms / 1000:.0f}s")
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
-            if self.sockets[j].poll(1000):
-                return
-            waited += 1000
-        raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
-                               f"{self.timeout_ms / 1000:.0f}s")
+            if waited >= next_retry:
+                self.sockets[j].send_multipart(frames, copy=False)
+                self.retries += 1
+                next_retry += self.retry_ms
 
     def _by_shard(self, keys: Sequence[int], arrays: Sequence[np.ndarray] | None = None) -> dict[int, tuple[list, list]]:
         owner = self.owner
@@ -115,7 +135,7 @@ class KVWorker:
     def _msg(self, op: str, step: int, keys: Sequence[int] = (), arrays: Sequence[np.ndarray] = (),
              version: int = 0, **extra: Any) -> list[Any]:
         return protocol.encode(op, worker=self.worker_id, step=step, version=version, keys=keys, arrays=arrays,
-                               token=self.token, **extra)
+                               token=self.token, rid=self.rid, **extra)
 
     # ---- the ps-lite API ----------------------------------------------------------------
     def pull(self, keys: Sequence[int] | None = None, step: int = 0) -> tuple[dict[int, np.ndarray], int]:
@@ -161,6 +181,11 @@ class KVWorker:
         replies, _ = self._round({j: self._msg("stats", 0) for j in range(len(self.sockets))})
         return [replies[j].extra["stats"] for j in range(len(self.sockets))]
 
+    def register(self, nonce: str) -> int:
+        """Ask shard 0 for the next free worker id (for workers started without one)."""
+        replies, _ = self._round({0: self._msg("register", 0, nonce=nonce)})
+        return int(replies[0].extra["assigned"])
+
     def bye(self) -> None:
         self._round({j: self._msg("bye", 0) for j in range(len(self.sockets))})
 
@@ -186,9 +211,13 @@ class Trainer:
     launcher evaluates them off the clock)."""
 
     def __init__(self, prep, kv: KVWorker, worker_id: int, start_step: int = 0, snapshots: bool = False,
-                 fail_at_step: int | None = None):
+                 fail_at_step: int | None = None, progress=None, halt_at_step: int | None = None):
         self.prep, self.kv, self.worker_id = prep, kv, worker_id
         self.start_step, self.snapshots, self.fail_at_step = start_step, snapshots, fail_at_step
+        # progress(step, new_rows, halted): called every PROGRESS_EVERY_S with the rows made since
+        # the last call, so a worker that dies has sent most of its rows; at halt_at_step (fault
+        # injection) it is called with halted=True and is expected not to return (SIGKILL).
+        self.progress, self.halt_at_step = progress, halt_at_step
         self.model = prep.build_model()
         self.loss_fn = prep.workload.loss_fn()
         self.params = list(self.model.parameters())
@@ -227,9 +256,14 @@ class Trainer:
         every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
         cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
         out = WorkerResult(cols)
+        sent, next_progress = 0, time.monotonic() + PROGRESS_EVERY_S
         for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
             if self.fail_at_step is not None and step == self.fail_at_step:
                 raise RuntimeError(f"injected failure in worker {worker_id} at step {step}")
+            halt = self.halt_at_step is not None and step >= self.halt_at_step
+            if self.progress is not None and (halt or time.monotonic() >= next_progress):
+                self.progress(step, {c: v[sent:] for c, v in cols.items()}, halt)
+                sent, next_progress = len(cols["step"]), time.monotonic() + PROGRESS_EVERY_S
             loss = forward_backward(self.model, self.loss_fn, x, y)
             grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
             reply = kv.push_pull(grads, step)
@@ -250,7 +284,8 @@ class Trainer:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", required=True, help="comma-separated host:port of the server shards, in shard order")
-    p.add_argument("--worker-id", type=int, required=True, help="this worker's index (0..workers-1)")
+    p.add_argument("--worker-id", required=True,
+                   help="this worker's index (0..workers-1), or auto: ask shard 0 for the next free one")
     p.add_argument("--workers", type=int, default=1, help="number of workers in the job (for the data shards)")
     p.add_argument("--workload", help="workload name (see `psbench list`)")
     p.add_argument("--seed", type=int, default=0)
@@ -262,7 +297,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir")
     p.add_argument("--token", help="shared token (or env PSBENCH_PS_TOKEN)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for a server reply")
-    p.add_argument("--out", help="write this worker's step rows here (JSON) when done")
+    p.add_argument("--out", help="write this worker's step rows here (JSON) when done; {worker} is replaced "
+                                 "by the worker id (e.g. /results/w{worker}.json)")
     p.add_argument("--init", action="store_true", help="initialise the shards from the seeded model if not yet done")
     p.add_argument("--spec-json", help=argparse.SUPPRESS)  # the launcher passes its RunSpec whole
     p.add_argument("--start-step", type=int, default=0, help=argparse.SUPPRESS)
@@ -271,6 +307,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshots", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fail-at-step", type=int, help=argparse.SUPPRESS)  # fault injection for tests
     p.add_argument("--init-buffers", help=argparse.SUPPRESS)  # .npy of BatchNorm statistics to start from
+    p.add_argument("--halt-at-step", type=int, help=argparse.SUPPRESS)  # the launcher SIGKILLs us there
+    p.add_argument("--retry-s", type=float, default=5.0, help="resend a request unanswered this long (default 5)")
 
 
 def _spec(args: argparse.Namespace):
@@ -286,43 +324,64 @@ def _spec(args: argparse.Namespace):
                    evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir)
 
 
-def main(args: argparse.Namespace) -> int:
-    from systems.common import configure_threads, prepare
+def parse_worker_id(text: str, workers: int) -> int | None:
+    """An id in 0..workers-1, or None for 'auto'."""
     from workloads.errors import ConfigError
+
+    text = str(text).strip()
+    if text == "auto":
+        return None
+    if not text.lstrip("-").isdigit() or not 0 <= int(text) < workers:
+        raise ConfigError(f"--worker-id must be auto or in 0..{workers - 1}, got {text}")
+    return int(text)
+
+
+def main(args: argparse.Namespace) -> int:
+    import secrets
+
+    from systems.common import configure_threads, prepare
 
     configure_threads(1)
     spec = _spec(args)
-    if not 0 <= args.worker_id < spec.workers:
-        raise ConfigError(f"worker-id must be in 0..{spec.workers - 1}, got {args.worker_id}")
-    prep = prepare(spec)
+    worker_id = parse_worker_id(args.worker_id, spec.workers)
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    addresses = [a.strip() for a in args.servers.split(",") if a.strip()]
+    if worker_id is None:  # ids are handed out before the data shard (which depends on the id) loads
+        with KVWorker(addresses[:1], ADMIN, [], token, args.timeout_s, retry_s=args.retry_s) as reg:
+            worker_id = reg.register(secrets.token_hex(8))
+        print(f"ps-worker: registered as worker {worker_id} of {spec.workers}", file=sys.stderr, flush=True)
+    prep = prepare(spec)
     model = prep.build_model()
     shapes = [tuple(p.shape) for p in model.parameters()]
-    addresses = [a.strip() for a in args.servers.split(",") if a.strip()]
-    with KVWorker(addresses, args.worker_id, shapes, token, args.timeout_s) as kv:
+    with KVWorker(addresses, worker_id, shapes, token, args.timeout_s, retry_s=args.retry_s) as kv:
         if args.init:
             kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
         kv.parent_pid = args.parent_pid
         del model
-        trainer = Trainer(prep, kv, args.worker_id, args.start_step, args.snapshots, args.fail_at_step)
-        if args.init_buffers:
-            trainer.load_buffers(np.load(args.init_buffers, allow_pickle=False))
+        init_buffers = np.load(args.init_buffers, allow_pickle=False) if args.init_buffers else None
         if args.control:
             from systems.ps.launch import WorkerControl
 
-            with WorkerControl(args.control, args.worker_id, token, args.parent_pid) as ctl:
+            with WorkerControl(args.control, worker_id, token, args.parent_pid) as ctl:
+                trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
+                                  ctl.progress, args.halt_at_step)
+                if init_buffers is not None:
+                    trainer.load_buffers(init_buffers)
                 result = trainer.run(ctl.wait_go())
                 ctl.done(result)
         else:
+            trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step)
+            if init_buffers is not None:
+                trainer.load_buffers(init_buffers)
             result = trainer.run(time.time())
     if args.out:
         from bench.atomic import atomic_write_json
 
-        atomic_write_json(args.out, {"worker": args.worker_id, "rows": result.rows})
+        atomic_write_json(args.out.replace("{worker}", str(worker_id)), {"worker": worker_id, "rows": result.rows})
     if not args.control:
         n = len(result.rows["step"])
         mean_loss = float(np.mean(result.rows["loss"][-10:])) if n else float("nan")
-        print(f"ps-worker {args.worker_id}: {n} steps, last losses {mean_loss:.4f}, "
+        print(f"ps-worker {worker_id}: {n} steps, last losses {mean_loss:.4f}, "
               f"mean staleness {np.mean(result.rows['staleness']) if n else 0:.2f}")
     return 0
 
