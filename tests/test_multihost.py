@@ -283,3 +283,26 @@ def test_ssh_launcher_builds_commands_and_never_runs_them(tmp_path: Path, capsys
     assert out.count("ssh -o BatchMode=yes") == 3 and "bench@10.1.0.1" in out
     with pytest.raises(ConfigError, match="needs an address for every host"):
         parse('[[hosts]]\nroles = ["ps-server", "worker"]\n', launcher="ssh")
+
+
+# ---- the bandwidth experiment (quick variant) ----------------------------------------------------
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
+def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
+    """PS (1 server, 4 workers) vs DDP (4 ranks), every link capped at 100 Mbit/s and uncapped,
+    measured side by side: under the cap the ring is several times faster, uncapped it is not."""
+    from bench.cli import main
+
+    before = set(netlab.list_namespaces())
+    assert main(["netlab", "bench", "--quick", "--results-dir", str(tmp_path)]) == 0
+    assert set(netlab.list_namespaces()) == before
+    table = pd.read_csv(tmp_path / "netlab" / "bandwidth.csv")
+    assert (tmp_path / "netlab" / "bandwidth.png").stat().st_size > 10_000
+    ratio = {("capped" if c == c else "uncapped"): r
+             for c, r in zip(table[table.system == "ps"]["cap_mbit"], table[table.system == "ps"]["ddp_over_this"])}
+    print(f"\nDDP/PS samples/s: 100 Mbit/s {ratio['capped']:.2f}, uncapped {ratio['uncapped']:.2f}")
+    assert ratio["capped"] > 2.0
+    assert ratio["capped"] > 1.5 * ratio["uncapped"]
+    # one run folder per (system, cap), readable by the report
+    assert len(list((tmp_path / "netlab").glob("*/manifest.json"))) == 4
