@@ -74,6 +74,24 @@ def run_setting(s: Setting, workers: int, steps: int, warmup: int, results_dir: 
             "bytes_per_step": float(steps_df["bytes"].median()), "run_id": manifest["run_id"]}
 
 
+def link_goodput_mbit(cap_mbit: float, nbytes: int | None = None, port: int = 6300) -> float:
+    """TCP goodput of one capped link in a two-host lab (netprobe sink/source), in Mbit/s: the
+    bandwidth the model is given for that cap (tbf passes somewhat less than its nominal rate)."""
+    from bench.netlab import NetLab, Role
+
+    nbytes = nbytes or int(cap_mbit * 1e6 / 8 * 0.5)  # ~0.5 s of traffic
+    py = sys.executable
+    with NetLab(hosts=2, caps_mbit={0: cap_mbit, 1: cap_mbit}) as lab:
+        results = lab.run_cluster([
+            Role("sink", 1, [py, "-m", "bench.netprobe", "sink", "--bind", "{h1}", "--port", str(port)], ready_port=port),
+            Role("source", 0, [py, "-m", "bench.netprobe", "source", "--host", "{h1}", "--port", str(port),
+                               "--bytes", str(nbytes)])], timeout=120)
+    for r in results.values():
+        if r.returncode != 0:
+            raise RuntimeError(f"netprobe {r.name} failed: {r.stderr[-500:]}")
+    return float(json.loads(results["sink"].stdout)["mbit_s"])
+
+
 def settings(caps: list[float | None], consistencies: list[str]) -> list[Setting]:
     # interleaved per cap, so a slow spell of this shared machine hits both systems alike
     return [x for cap in caps for x in [Setting("ps", cap, c) for c in consistencies] + [Setting("ddp", cap)]]
@@ -88,6 +106,8 @@ def run_bench(caps: list[float | None], workers: int = 4, steps: int = 30, warmu
         print(f"netbench: {s.label}, {workers} workers, {cap}", file=sys.stderr)
         rows.append(run_setting(s, workers, steps, warmup, results_dir, port, resume))
     table = pd.DataFrame(rows)
+    goodput = {c: link_goodput_mbit(c) for c in caps if c}
+    table["link_goodput_mbit"] = [goodput.get(c) if c == c else None for c in table["cap_mbit"]]
     key = table["cap_mbit"].fillna(0.0)
     ddp = dict(zip(key[table.system == "ddp"], table[table.system == "ddp"]["samples_per_s"]))
     table["ddp_over_this"] = [ddp.get(c, float("nan")) / v for c, v in zip(key, table["samples_per_s"])]
