@@ -21,6 +21,7 @@ test: setup
 
 bench: setup
 	$(BIN)/psbench bench --results-dir $(RESULTS)
+	$(BIN)/psbench simulate --calibrate mlp-wide-synthetic --batch-size 64 --bandwidth-mbit 1000 --out $(RESULTS)/simulate
 
 bench-quick: setup
 	$(BIN)/psbench bench --quick --results-dir $(RESULTS)

@@ -38,6 +38,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     defaults = RunSpec("x", "y")
     g = p.add_argument_group("what to run")
     g.add_argument("--config", type=Path, help="experiment file (TOML/YAML): a matrix of runs; other flags then ignored")
+    g.add_argument("--cluster", type=Path, help="cluster file (TOML/YAML): one run placed on hosts (bench/cluster.py)")
+    g.add_argument("--dry-run", action="store_true", help="with --cluster: print each role's command, run nothing")
     g.add_argument("--system", help="system adapter (see `psbench list`)")
     g.add_argument("--workload", help="workload name (see `psbench list`)")
     g.add_argument("-np", "--workers", type=int, default=defaults.workers, help="number of worker processes (default 1)")
@@ -94,6 +96,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bench.runner import run_all
     from bench.spec import RunSpec
 
+    if args.cluster:
+        from bench import cluster
+
+        cf = cluster.load(args.cluster)
+        if args.dry_run:
+            print("\n".join(cluster.dry_run(cf)))
+            return 0
+        result = cluster.run_file(cf, args.results_dir, resume=not args.no_resume)
+        _print_summaries([result] if result else [])
+        print(f"results: {Path(args.results_dir) / cf.suite}")
+        return 0
     if args.config:
         experiment = load_experiment(args.config, quick=args.quick)
         specs, suite = experiment.specs, args.suite or experiment.suite

@@ -18,7 +18,7 @@ netem is not in this kernel; latency, if needed, must be added in user space.
         results = lab.run_cluster([Role("server", 0, [...], daemon=True, ready_port=5555),
                                    Role("worker0", 1, [..., "--servers", "{h0}:5555"])])
 
-Needs root and iproute2. CLI: `psbench netlab up|down|status|exec`.
+Needs root and iproute2. CLI: `psbench netlab up|down|status|exec|bench`.
 """
 from __future__ import annotations
 
@@ -392,6 +392,10 @@ def add_arguments(p) -> None:
     ex.add_argument("--lab", type=int, required=True)
     ex.add_argument("--host", type=int, required=True)
     ex.add_argument("cmd", nargs="+")
+    from bench import netbench
+
+    netbench.add_arguments(sub.add_parser("bench", help="PS vs ring allreduce under per-host bandwidth caps "
+                                                        "(bench/netbench.py)"))
 
 
 def main(args) -> int:
@@ -416,6 +420,10 @@ def main(args) -> int:
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         proc = lab.exec(args.host, cmd, start_new_session=False)
         return proc.wait()
+    if args.netlab_cmd == "bench":
+        from bench import netbench
+
+        return netbench.main(args)
     raise ConfigError(f"unknown netlab command {args.netlab_cmd}")
 
 

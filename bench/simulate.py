@@ -22,6 +22,9 @@ Stragglers: with compute jitter cv, a barrier over N workers waits about T_c*cv*
 
 Scaling efficiency(N) = throughput(N) / (N * b/T_c).
 
+Validation on one machine (`cores` = C > 0): the N workers share C cores, so T_c becomes
+T_c * max(1, N/C) for N > 1; projections use cores = 0 (a machine per worker).
+
 Shape against published numbers (Sergeev & Del Balso, "Horovod", 2018: ~88% efficiency at 128
 GPUs with ring allreduce vs ~50% for standard distributed TensorFlow with parameter servers):
 with the `horovod-paper` preset (ResNet-101, 178 MB, 25 Gbit/s, 64 images/GPU at ~110 images/s)
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -61,6 +65,7 @@ class Calibration:
     rtt_s: float                  # r: round-trip time of a small message
     spark_job_overhead_s: float = 0.05    # J: assumed unless measured (Spark local mode: tens of ms)
     spark_task_overhead_s: float = 0.002  # j: assumed per-task launch cost at the driver
+    cores: int = 0                # C: cores all workers share (validation on one machine); 0 = a machine each
     workload: str = ""
     source: str = "measured"
 
@@ -113,7 +118,7 @@ def project(cal: Calibration, sc: Scenario) -> Projection:
     """Per-step time and throughput of one scenario (formulas in the module docstring)."""
     model = SYSTEM_MODELS[sc.system]
     n, b, m_over_b, r = sc.workers, sc.batch_size, cal.model_bytes / cal.bandwidth_Bps, cal.rtt_s
-    t_c = cal.compute_s(b)
+    t_c = cal.compute_s(b) * cpu_share(cal, sc)
     straggle = _straggle(cal, sc)
     if model == "single":
         comm = 0.0
@@ -136,7 +141,13 @@ def project(cal: Calibration, sc: Scenario) -> Projection:
         comm = cal.spark_job_overhead_s + n * cal.spark_task_overhead_s + straggle + broadcast + aggregate
         step = t_c + comm
     samples_per_s = n * b / step
-    return Projection(sc, step, t_c, comm, samples_per_s, samples_per_s / (n * b / t_c))
+    return Projection(sc, step, t_c, comm, samples_per_s, samples_per_s / (n * b / cal.compute_s(b)))
+
+
+def cpu_share(cal: Calibration, sc: Scenario) -> float:
+    """Compute slow-down when the N workers share C cores of one machine: max(1, N/C). 1 when each
+    worker has its own machine (cores = 0), as in every projection."""
+    return max(1.0, sc.workers / cal.cores) if cal.cores and sc.system != "single" else 1.0
 
 
 # ---- validation against measured runs ------------------------------------------------------
@@ -383,6 +394,25 @@ def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base
     return paths
 
 
+def write_validation(validations: list[tuple[str, Validation]], path: Path) -> None:
+    import pandas as pd
+
+    from bench.atomic import atomic_write_csv
+
+    frames = []
+    for name, v in validations:
+        frame = pd.DataFrame(v.rows)
+        frame.insert(0, "set", name)
+        frames.append(frame)
+        print(f"model error vs {name}: max {v.max_error:.1%}, mean {v.mean_error:.1%} "
+              f"({'within' if v.ok else 'OUTSIDE'} the stated {v.bound:.0%})")
+        cols = [c for c in ("system", "consistency", "workers", "cap_mbit", "measured_samples_per_s",
+                            "predicted_samples_per_s", "error", "spread") if c in frame]
+        with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
+            print(frame[cols].to_string(index=False))
+    atomic_write_csv(path, pd.concat(frames, ignore_index=True))
+
+
 # ---- CLI: psbench simulate ---------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -397,18 +427,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtt-us", type=float, help="override the round-trip time (microseconds)")
     p.add_argument("--spark-job-ms", type=float, help="override Spark's per-job overhead (ms)")
     p.add_argument("--measure-spark", action="store_true", help="with --calibrate: also time Spark jobs (slow)")
+    p.add_argument("--validate", action="store_true",
+                   help="with --calibrate: also run ps (bsp, asp) and ddp at 1-4 workers here, interleaved with the "
+                        "calibration runs, and report the model's error against them (bench/simval.py)")
+    p.add_argument("--validate-steps", type=int, default=40, help="steps per validation run (default 40)")
+    p.add_argument("--validate-repeats", type=int, default=3, help="repeats per validation run (default 3)")
+    p.add_argument("--netlab", type=Path, metavar="CSV",
+                   help="also validate against the bandwidth experiment's table (results/netlab/bandwidth.csv)")
     p.add_argument("--out", type=Path, default=Path("results/simulate"), help="output folder")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.servers < 1:
         raise ConfigError("--batch-size and --servers must be >= 1")
+    if args.validate and (args.preset or args.calibration):
+        raise ConfigError("--validate measures its own calibration: use it with --calibrate WORKLOAD (or alone)")
+    validations: list[tuple[str, Validation]] = []
     if args.preset:
         cal = PRESETS[args.preset]
     elif args.calibration:
         if not args.calibration.is_file():
             raise ConfigError(f"calibration file {args.calibration} does not exist")
         cal = Calibration.from_json(args.calibration.read_text())
+    elif args.validate:
+        from bench.simval import validate_local
+
+        cal, validation = validate_local(args.calibrate or "mlp-wide-synthetic", args.batch_size,
+                                         steps=args.validate_steps, repeats=args.validate_repeats)
+        validations.append(("loopback runs, 1-4 workers", validation))
     else:
         cal = calibrate(args.calibrate or "cnn-mnist1d")
         if args.measure_spark:
@@ -422,9 +468,21 @@ def main(args: argparse.Namespace) -> int:
         overrides["spark_job_overhead_s"] = args.spark_job_ms * 1e-3
     if overrides:
         cal = replace(cal, source=cal.source + " + overrides " + ", ".join(overrides), **overrides)
-    rows = projection_table(cal, default_scenarios(args.batch_size, args.servers))
+    if args.netlab:
+        import pandas as pd
+
+        from bench.simval import validate_netlab
+
+        if not args.netlab.is_file():
+            raise ConfigError(f"--netlab: {args.netlab} does not exist (run `psbench netlab bench` first)")
+        cores = cal.cores or os.cpu_count() or 1
+        validations.append(("netns bandwidth runs", validate_netlab(pd.read_csv(args.netlab), replace(cal, cores=cores))))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if validations:
+        write_validation(validations, out / "validation.csv")
+    cal = replace(cal, cores=0)  # projections: a machine per worker
+    rows = projection_table(cal, default_scenarios(args.batch_size, args.servers))
     (out / "calibration.json").write_text(cal.to_json())
     import pandas as pd
 

@@ -1,0 +1,562 @@
+"""`psbench run --cluster cluster.toml`: one run whose roles (PS servers, workers, DDP nodes) are
+placed on the hosts a cluster file names. Results land in results/<suite>/<run-id>/ like any run.
+
+    launcher = "netns"        # netns: hosts are network namespaces (a NetLab made from this file)
+                              # local: every host is 127.0.0.1 (tests the file and the role commands)
+                              # ssh:   real machines; only prints the per-host commands (--dry-run)
+    suite = "cluster"         # results/<suite>/
+    port = 29500              # PS shard j listens on port + j; the DDP store on port
+    timeout_s = 600
+    [run]                     # the RunSpec: system (ps | ddp), workload, max_steps, seed, ...
+    system = "ps"
+    workload = "mlp-digits"
+    max_steps = 40
+    [run.options]             # system options (ps: consistency, mitigation, ...; servers is derived)
+    consistency = "asp"
+    [ssh]                     # launcher = "ssh" only
+    user = "me"
+    workdir = "/opt/psbench"  # the same checkout and venv on every host
+    python = ".venv/bin/python"
+    [[hosts]]
+    name = "ps0"
+    address = "10.0.0.1"      # ssh only; netns/local assign addresses
+    roles = ["ps-server"]     # ps: "ps-server" and/or "worker"; ddp: "worker" (one per rank)
+    cap_mbit = 100            # netns only: tc tbf on this host's link, both directions
+    [[hosts]]
+    name = "w0"
+    roles = ["worker", "worker"]
+
+Every role is a plain psbench command: `ps-server --bind ADDR:PORT`, `ps-worker --servers ...`,
+and for DDP `run --system ddp --nnodes H --node-rank i --master-addr <first worker host>` per host.
+The workers' step rows come back through files (ps-worker --out, each node's results folder),
+which works for netns and local because every host shares this machine's file system. A real ssh
+cluster would also need: passwordless ssh, this checkout + venv at [ssh] workdir on every host,
+and the result files copied back (scp) before merging; this module only builds its commands.
+
+Clock of a PS run: each worker's rows are timed from its own start; the start is placed on the
+common clock as (--out file's mtime) - (its last t_wall), which is exact to a round trip on one
+kernel. The run's clock spans the first worker's start to the last worker's end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from bench.spec import RunSpec
+from workloads.errors import ConfigError
+
+LAUNCHERS = ("local", "netns", "ssh")
+SYSTEM_ROLES = {"ps": ("ps-server", "worker"), "ddp": ("worker",)}
+TOP_KEYS = {"launcher", "suite", "port", "timeout_s", "run", "hosts", "ssh", "description"}
+HOST_KEYS = {"name", "address", "roles", "cap_mbit"}
+DDP_RESERVED = {"master_addr", "master_port", "nnodes", "node_rank"}
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    roles: tuple[str, ...]
+    address: str | None = None
+    cap_mbit: float | None = None
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    user: str | None = None
+    workdir: str = "."
+    python: str = "python3"
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    launcher: str
+    spec: RunSpec
+    hosts: tuple[Host, ...]
+    suite: str = "cluster"
+    port: int = 29500
+    timeout_s: float = 600.0
+    ssh: SshSettings = field(default_factory=SshSettings)
+    source: str = ""
+
+    def role_hosts(self, role: str) -> list[int]:
+        """Host index of every instance of `role`, in file order (a host listed twice counts twice)."""
+        return [i for i, h in enumerate(self.hosts) for r in h.roles if r == role]
+
+    def caps(self) -> dict[int, float]:
+        return {i: h.cap_mbit for i, h in enumerate(self.hosts) if h.cap_mbit}
+
+    def caps_label(self) -> str:
+        caps = [f"{h.name}={h.cap_mbit:g}" for h in self.hosts if h.cap_mbit]
+        return ",".join(caps) or "none"
+
+
+# ---- the file -------------------------------------------------------------------------------
+
+def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
+    """Validate a loaded cluster file; every problem is one ConfigError naming it."""
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_KEYS))}")
+    launcher = raw.get("launcher", "local")
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"{source}: launcher must be one of {', '.join(LAUNCHERS)}, got '{launcher}'")
+    run = dict(raw.get("run") or {})
+    system = run.get("system")
+    if system not in SYSTEM_ROLES:
+        raise ConfigError(f"{source}: [run] system must be one of {', '.join(SYSTEM_ROLES)}, got '{system}'")
+    hosts = []
+    for k, h in enumerate(raw.get("hosts") or []):
+        bad = sorted(set(h) - HOST_KEYS)
+        if bad:
+            raise ConfigError(f"{source}: hosts[{k}] has unknown key(s) {', '.join(bad)}; allowed: {', '.join(sorted(HOST_KEYS))}")
+        roles = h.get("roles") or []
+        if isinstance(roles, str) or not all(r in SYSTEM_ROLES[system] for r in roles):
+            raise ConfigError(f"{source}: hosts[{k}] roles {roles!r}: a {system} cluster allows a list of "
+                              f"{', '.join(SYSTEM_ROLES[system])}")
+        cap = h.get("cap_mbit")
+        if cap is not None and not (isinstance(cap, (int, float)) and cap > 0):
+            raise ConfigError(f"{source}: hosts[{k}] cap_mbit must be a number > 0, got {cap!r}")
+        if cap is not None and launcher != "netns":
+            raise ConfigError(f"{source}: hosts[{k}] cap_mbit needs launcher = \"netns\" (it sets tc on the lab's links)")
+        hosts.append(Host(str(h.get("name") or f"h{k}"), tuple(roles), h.get("address"),
+                          float(cap) if cap is not None else None))
+    if not hosts:
+        raise ConfigError(f"{source}: give at least one [[hosts]] entry")
+    if len({h.name for h in hosts}) != len(hosts):
+        raise ConfigError(f"{source}: host names must be unique")
+    if launcher == "ssh" and any(not h.address for h in hosts):
+        raise ConfigError(f"{source}: launcher \"ssh\" needs an address for every host")
+    workers = sum(r == "worker" for h in hosts for r in h.roles)
+    if workers == 0:
+        raise ConfigError(f"{source}: no host has the role \"worker\"")
+    if run.get("workers") not in (None, workers):
+        raise ConfigError(f"{source}: [run] workers = {run['workers']} but the hosts have {workers} worker role(s)")
+    options = dict(run.pop("options", None) or {})
+    if system == "ps":
+        servers = sum(r == "ps-server" for h in hosts for r in h.roles)
+        if servers == 0:
+            raise ConfigError(f"{source}: a ps cluster needs at least one host with the role \"ps-server\"")
+        if options.get("servers") not in (None, servers):
+            raise ConfigError(f"{source}: option servers = {options['servers']} but the hosts have {servers} ps-server role(s)")
+        options["servers"] = servers
+        options.pop("host", None)  # each shard binds its own host's address
+    else:
+        reserved = sorted(DDP_RESERVED & set(options))
+        if reserved:
+            raise ConfigError(f"{source}: ddp option(s) {', '.join(reserved)} come from the hosts; remove them")
+        nodes = [h for h in hosts if h.roles]
+        if len({len(h.roles) for h in nodes}) != 1:
+            raise ConfigError(f"{source}: every ddp host needs the same number of worker roles, got "
+                              f"{[len(h.roles) for h in nodes]}")
+    _check_system_options(system, options, source)
+    run["workers"] = workers
+    try:
+        spec = RunSpec(**{**run, "options": options})
+    except TypeError as exc:
+        raise ConfigError(f"{source}: [run] {exc}") from None
+    port = raw.get("port", 29500)
+    if not (isinstance(port, int) and 1024 <= port <= 65535 - len(hosts)):
+        raise ConfigError(f"{source}: port must be an integer in 1024..{65535 - len(hosts)}, got {port!r}")
+    timeout = raw.get("timeout_s", 600.0)
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ConfigError(f"{source}: timeout_s must be > 0, got {timeout!r}")
+    ssh = SshSettings(**(raw.get("ssh") or {})) if launcher == "ssh" else SshSettings()
+    return ClusterFile(launcher, spec, tuple(hosts), str(raw.get("suite", "cluster")), port, float(timeout), ssh, source)
+
+
+def _check_system_options(system: str, options: dict[str, Any], source: str) -> None:
+    import systems
+    from systems.base import parse_options
+
+    cls = systems.get_system(system)
+    try:
+        parse_options(cls.Options, options, system)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load(path: Path) -> ClusterFile:
+    from bench.matrix import load_config
+
+    return parse(load_config(path), str(path))
+
+
+# ---- role commands --------------------------------------------------------------------------
+
+@dataclass
+class PlannedRole:
+    name: str
+    host: int
+    argv: list[str]
+    stage: str                      # "server" (daemon, waited for on ready_port), "worker", "finish"
+    env: dict[str, str] = field(default_factory=dict)
+    ready_port: int | None = None
+    out: str | None = None          # file the role writes its records to
+
+
+def _spec_args(spec: RunSpec) -> list[str]:
+    args = ["--workload", spec.workload, "--workers", str(spec.workers), "--seed", str(spec.seed),
+            "--sharding", spec.sharding, "--evals-per-epoch", str(spec.evals_per_epoch)]
+    for flag, value in (("--epochs", spec.epochs), ("--batch-size", spec.batch_size),
+                        ("--max-steps", spec.max_steps), ("--data-dir", spec.data_dir)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
+               token: str | None = None) -> list[PlannedRole]:
+    """Every process of the run, in start order, with its argv (addresses resolved)."""
+    spec = cf.spec
+    py = [python, "-m", "bench"]
+    if spec.system == "ps":
+        from systems.base import parse_options
+        from systems.ps.adapter import PSOptions
+        from systems.ps.policies import resolve_lr
+        from workloads import get_workload
+
+        opts = parse_options(PSOptions, spec.options, "ps")
+        w = get_workload(spec.workload)
+        lr = (spec.lr or w.optimizer.lr) * resolve_lr(opts.lr_scaling, opts.consistency, spec.workers)
+        token_env = {"PSBENCH_PS_TOKEN": token} if token else {}
+        servers = [f"{addrs[h]}:{cf.port + j}" for j, h in enumerate(cf.role_hosts("ps-server"))]
+        roles = [PlannedRole(f"ps-server{j}", h, py + [
+            "ps-server", "--bind", servers[j], "--shard-id", str(j), "--servers", str(len(servers)),
+            "--workers", str(spec.workers), "--consistency", opts.consistency, "--mitigation", opts.mitigation,
+            "--lr", repr(lr), "--momentum", repr(w.optimizer.momentum), "--weight-decay", repr(w.optimizer.weight_decay),
+            "--step-timeout-s", repr(opts.step_timeout_s)], "server", token_env, ready_port=cf.port + j)
+            for j, h in enumerate(cf.role_hosts("ps-server"))]
+        for k, h in enumerate(cf.role_hosts("worker")):
+            out = f"{scratch}/worker{k}.json"
+            roles.append(PlannedRole(f"worker{k}", h, py + [
+                "ps-worker", "--servers", ",".join(servers), "--worker-id", str(k), *_spec_args(spec),
+                "--init", "--timeout-s", repr(opts.step_timeout_s + 60), "--out", out], "worker", token_env, out=out))
+        first = cf.role_hosts("worker")[0]
+        out = f"{scratch}/final.npz"
+        roles.append(PlannedRole("ps-fetch", first, [python, "-m", "bench.cluster", "ps-fetch", "--servers",
+                                                     ",".join(servers), "--workload", spec.workload, "--seed",
+                                                     str(spec.seed), "--out", out], "finish", token_env, out=out))
+        return roles
+    nodes = [i for i, h in enumerate(cf.hosts) if h.roles]
+    master = addrs[nodes[0]]
+    env = {"GLOO_SOCKET_IFNAME": "veth0"} if cf.launcher == "netns" else {}
+    extra = [a for k, v in spec.options.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    roles = []
+    for rank, h in enumerate(nodes):
+        out = f"{scratch}/node{rank}"
+        argv = py + ["run", "--system", "ddp", *_spec_args(spec), *extra, "--master-addr", master,
+                     "--master-port", str(cf.port), "--nnodes", str(len(nodes)), "--node-rank", str(rank),
+                     "--results-dir", out, "--suite", "node", "--no-progress", "--no-resume"]
+        if spec.lr is not None:
+            argv += ["--lr", repr(spec.lr)]
+        roles.append(PlannedRole(f"node{rank}", h, argv, "worker", env, out=out))
+    return roles
+
+
+def ssh_argv(cf: ClusterFile, role: PlannedRole) -> list[str]:
+    """The ssh command a real cluster would run for `role` (built and tested, never executed here)."""
+    host = cf.hosts[role.host]
+    target = f"{cf.ssh.user}@{host.address}" if cf.ssh.user else str(host.address)
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(role.env.items()))
+    remote = f"cd {shlex.quote(cf.ssh.workdir)} && " + (f"env {env} " if env else "") + "exec " + shlex.join(role.argv)
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", target, remote]
+
+
+# ---- hosts: where the processes run ---------------------------------------------------------
+
+class LocalHosts:
+    """Every host is this machine at 127.0.0.1."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "LocalHosts":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for proc in self.procs:
+            _stop(proc)
+
+    def addr(self, host: int) -> str:
+        return "127.0.0.1"
+
+    def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
+        from systems.common import child_env
+
+        proc = subprocess.Popen(argv, env=child_env(env), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def wait_listening(self, host: int, port: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+
+
+class NetnsHosts:
+    """Every host is a namespace of a NetLab made from the file (caps included); removed on exit."""
+
+    def __init__(self, cf: ClusterFile):
+        from bench.netlab import NetLab
+
+        self.lab = NetLab(hosts=len(cf.hosts), caps_mbit=cf.caps())
+
+    def __enter__(self) -> "NetnsHosts":
+        self.lab.up()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lab.down()
+
+    def addr(self, host: int) -> str:
+        return self.lab.addr(host)
+
+    def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
+        from systems.common import child_env
+
+        return self.lab.exec(host, argv, env=child_env(env), stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+
+    def wait_listening(self, host: int, port: int, timeout: float) -> None:
+        self.lab.wait_listening(host, port, timeout)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    from bench.netlab import NetLab
+
+    NetLab._stop(proc, grace)
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+class RoleFailed(RuntimeError):
+    """A role of a cluster run exited non-zero or the run timed out; the message has its log tail."""
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").rstrip().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _wait(started: list[tuple[PlannedRole, subprocess.Popen, Path]],
+          servers: list[tuple[PlannedRole, subprocess.Popen, Path]], deadline: float) -> None:
+    """Until every process of `started` exits 0. Its first failure, a server that stops meanwhile
+    (fail now, not at the workers' reply timeout) or the deadline raises RoleFailed."""
+    while True:
+        codes = [p.poll() for _, p, _ in started]
+        for (role, _, log), code in zip(started, codes):
+            if code not in (None, 0):
+                raise RoleFailed(f"{role.name} on host {role.host} exited with {code}:\n{_tail(log)}")
+        if all(c == 0 for c in codes):
+            return
+        for role, proc, log in servers:
+            if proc.poll() is not None:
+                raise RoleFailed(f"{role.name} on host {role.host} stopped early ({proc.returncode}):\n{_tail(log)}")
+        if time.monotonic() > deadline:
+            slow = [r.name for (r, _, _), c in zip(started, codes) if c is None]
+            raise RoleFailed(f"cluster run timed out; still running: {', '.join(slow)}")
+        time.sleep(0.1)
+
+
+def execute(cf: ClusterFile, hosts, scratch: Path, token: str | None = None) -> list[PlannedRole]:
+    """Start the roles stage by stage on `hosts` (servers, then workers, then the finisher), wait for
+    each stage, and stop whatever still runs at the end. Returns the planned roles."""
+    roles = plan_roles(cf, [hosts.addr(i) for i in range(len(cf.hosts))], sys.executable, str(scratch), token)
+    deadline = time.monotonic() + cf.timeout_s
+    servers: list[tuple[PlannedRole, subprocess.Popen, Path]] = []
+    try:
+        for stage in ("server", "worker", "finish"):
+            started = []
+            for role in (r for r in roles if r.stage == stage):
+                log = scratch / f"{role.name}.log"
+                with open(log, "wb") as fh:
+                    proc = hosts.start(role.host, role.argv, role.env, fh)
+                started.append((role, proc, log))
+                if role.ready_port is not None:
+                    try:
+                        hosts.wait_listening(role.host, role.ready_port, max(1.0, min(60.0, deadline - time.monotonic())))
+                    except TimeoutError as exc:
+                        raise RoleFailed(f"{role.name}: {exc}\n{_tail(log)}") from None
+            if stage == "server":
+                servers = started
+                continue
+            _wait(started, servers if stage == "worker" else [], deadline)
+        for _, proc, _ in servers:  # ps-fetch told them to shut down
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                _stop(proc)
+    finally:
+        for _, proc, _ in servers:
+            _stop(proc)
+    return roles
+
+
+def recorded_spec(cf: ClusterFile) -> RunSpec:
+    """The run's spec as recorded: the cluster's launcher and caps are part of what was run."""
+    return replace(cf.spec, options={**cf.spec.options, "launcher": cf.launcher, "caps": cf.caps_label()})
+
+
+def collect_ps(cf: ClusterFile, roles: list[PlannedRole], recorder) -> None:
+    import numpy as np
+
+    from systems.common import evaluate_splits, prepare, record_evals, set_flat_params
+
+    starts, ends, rows_by_worker = [], [], {}
+    for role in (r for r in roles if r.stage == "worker"):
+        data = json.loads(Path(role.out).read_text())
+        rows = data["rows"]
+        end = os.stat(role.out).st_mtime
+        start = end - (rows["t_wall"][-1] if rows["t_wall"] else 0.0)
+        starts.append(start)
+        ends.append(end)
+        rows_by_worker[data["worker"]] = (start, rows)
+    t0 = min(starts)
+    recorder.adopt_clock(t0, max(ends), 0.0)
+    for w, (start, rows) in sorted(rows_by_worker.items()):
+        recorder.add_steps([{"worker": w, "step": s, "t_wall": start - t0 + t, "n_samples": n, "loss": lo,
+                             "staleness": st, "bytes": b} for s, t, n, lo, st, b in
+                            zip(rows["step"], rows["t_wall"], rows["n_samples"], rows["loss"], rows["staleness"],
+                                rows["bytes"])])
+    fetched = np.load(next(r.out for r in roles if r.stage == "finish"))
+    prep = prepare(cf.spec)
+    model = prep.build_model()
+    loss_fn = prep.workload.loss_fn()
+    record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data), t_wall=0.0)
+    set_flat_params(model, fetched["params"])
+    last = max(len(rows["step"]) for _, rows in rows_by_worker.values())
+    record_evals(recorder, last, evaluate_splits(model, loss_fn, prep.data), t_wall=max(ends) - t0)
+    recorder.extra["ps"] = {"shards": json.loads(str(fetched["stats"]))}
+
+
+def collect_ddp(roles: list[PlannedRole], recorder) -> None:
+    import pandas as pd
+
+    for rank, role in enumerate(roles):
+        run_dirs = sorted(Path(role.out, "node").glob("*/manifest.json"))
+        if len(run_dirs) != 1:
+            raise RoleFailed(f"{role.name}: expected one run folder in {role.out}, found {len(run_dirs)}")
+        run_dir = run_dirs[0].parent
+        manifest = json.loads(run_dirs[0].read_text())
+        if rank == 0:
+            eval_s = manifest["extra"].get("eval_s", 0.0)
+            recorder.adopt_clock(manifest["start"], manifest["end"], eval_s)
+            recorder.extra["eval_s"] = eval_s
+            for row in pd.read_csv(run_dir / "evals.csv").to_dict("records"):
+                recorder.eval(int(row["step"]), row["split"], row["loss"], row["accuracy"], t_wall=row["t_wall"])
+        steps = pd.read_csv(run_dir / "steps.csv")
+        recorder.add_steps([{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+                            for row in steps.to_dict("records")])
+
+
+def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True):
+    """Run the cluster file once; returns the RunResult (None if already complete and resume)."""
+    from bench.records import Recorder
+    from bench.runner import is_complete
+    from workloads import get_workload
+
+    if cf.launcher == "ssh":
+        raise ConfigError("launcher \"ssh\" only prints the per-host commands: add --dry-run "
+                          "(running them needs ssh to each host; see bench/cluster.py)")
+    spec = recorded_spec(cf)
+    if resume and is_complete(results_dir, cf.suite, spec):
+        print(f"psbench: {spec.run_id} already complete in suite '{cf.suite}' (resume)", file=sys.stderr)
+        return None
+    if cf.launcher == "netns":
+        from bench.netlab import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise ConfigError(f"launcher \"netns\" is not available here: {reason}")
+    recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
+    from systems.common import prepare
+
+    prep = prepare(cf.spec)  # validates the workload before any process starts
+    recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
+    token = secrets.token_hex(16) if cf.spec.system == "ps" else None
+    hosts = NetnsHosts(cf) if cf.launcher == "netns" else LocalHosts(len(cf.hosts))
+    with tempfile.TemporaryDirectory(prefix="psbench-cluster-") as tmp, hosts:
+        os.chmod(tmp, 0o755)
+        roles = execute(cf, hosts, Path(tmp), token)
+        if cf.spec.system == "ps":
+            collect_ps(cf, roles, recorder)
+        else:
+            collect_ddp(roles, recorder)
+        recorder.extra["cluster"] = {"launcher": cf.launcher, "source": cf.source,
+                                     "hosts": [{"name": h.name, "address": hosts.addr(i), "roles": list(h.roles),
+                                                "cap_mbit": h.cap_mbit} for i, h in enumerate(cf.hosts)]}
+    return recorder.finish(results_dir, cf.suite)
+
+
+def dry_run(cf: ClusterFile) -> list[str]:
+    """The command line of every role, per host, without running anything."""
+    if cf.launcher == "ssh":
+        addrs = [str(h.address) for h in cf.hosts]
+        python, scratch = cf.ssh.python, ".psbench-cluster"
+    else:
+        addrs = [("198.18.L." + str(i + 1)) if cf.launcher == "netns" else "127.0.0.1" for i in range(len(cf.hosts))]
+        python, scratch = sys.executable, "$SCRATCH"
+    token = "$PSBENCH_PS_TOKEN" if cf.spec.system == "ps" else None
+    lines = []
+    for role in plan_roles(cf, addrs, python, scratch, token):
+        argv = ssh_argv(cf, role) if cf.launcher == "ssh" else role.argv
+        lines.append(f"# {role.name} on {cf.hosts[role.host].name} ({role.stage})\n{shlex.join(argv)}")
+    return lines
+
+
+# ---- the finisher role: final parameters from the shards, then shut them down ----------------
+
+def ps_fetch(argv: list[str] | None = None) -> int:
+    """`python -m bench.cluster ps-fetch --servers A,B --workload W --seed S --out final.npz`: runs on a
+    cluster host (it must reach the shards), saves params + shard stats, shuts the shards down."""
+    import numpy as np
+
+    from bench.spec import RunSpec
+    from systems.common import prepare
+    from systems.ps.worker import ADMIN, KVWorker
+
+    p = argparse.ArgumentParser(prog="python -m bench.cluster ps-fetch")
+    p.add_argument("--servers", required=True)
+    p.add_argument("--workload", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    model = prepare(RunSpec("ps", args.workload, seed=args.seed)).build_model()
+    shapes = [tuple(t.shape) for t in model.parameters()]
+    with KVWorker(args.servers.split(","), ADMIN, shapes, os.environ.get("PSBENCH_PS_TOKEN") or None, 60.0) as kv:
+        params = np.concatenate([a.reshape(-1) for a in kv.state("params")])
+        stats = kv.stats()
+        kv.shutdown()
+    tmp = Path(args.out).with_suffix(".tmp.npz")
+    np.savez(tmp, params=params, stats=np.array(json.dumps(stats)))
+    os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["ps-fetch"]:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        sys.exit(ps_fetch(sys.argv[2:]))
+    sys.exit("usage: python -m bench.cluster ps-fetch ...")

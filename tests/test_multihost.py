@@ -1,0 +1,320 @@
+"""Cross-host runs: the PS (2 servers, 4 workers) and DDP (3 nodes) on network-namespace hosts, by
+hand and from cluster files; the cluster file format on 127.0.0.1; ssh command building."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from bench import cluster, netlab
+from bench.netlab import NetLab, Role
+from workloads.errors import ConfigError
+
+REASON = netlab.unavailable_reason()
+PY = sys.executable
+
+
+def lab_namespaces(lab: int) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"psb-{lab}-")]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write(tmp_path: Path, text: str, name: str = "cluster.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# ---- by hand: NetLab.run_cluster with psbench role commands ------------------------------------
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
+def test_ps_two_servers_four_workers_on_six_hosts_by_hand(tmp_path: Path):
+    """Each server and worker in its own namespace host; workers reach the shards only by their
+    198.18 addresses. BSP makes the four workers really train together (every step waits for all)."""
+    steps, port = 60, 7000
+    common = ["--workload", "mlp-digits", "--workers", "4"]
+    with NetLab(hosts=6) as lab:
+        lab_id = lab.lab
+        roles = [Role(f"server{j}", j, [PY, "-m", "bench", "ps-server", "--bind", f"{{h{j}}}:{port}", "--shard-id",
+                                         str(j), "--servers", "2", "--consistency", "bsp", *common],
+                      daemon=True, ready_port=port) for j in range(2)]
+        servers = f"{{h0}}:{port},{{h1}}:{port}"
+        roles += [Role(f"worker{k}", 2 + k, [PY, "-m", "bench", "ps-worker", "--servers", servers, "--worker-id", str(k),
+                                              *common, "--max-steps", str(steps), "--init",
+                                              "--out", str(tmp_path / f"w{k}.json")]) for k in range(4)]
+        results = lab.run_cluster(roles, timeout=240)
+        assert len(lab_namespaces(lab_id)) == 7
+    assert lab_namespaces(lab_id) == []
+    for k in range(4):
+        r = results[f"worker{k}"]
+        assert r.returncode == 0, r.stderr[-2000:]
+        out = json.loads((tmp_path / f"w{k}.json").read_text())
+        rows = out["rows"]
+        assert out["worker"] == k and rows["step"] == list(range(steps))
+        assert set(rows["staleness"]) == {0}                 # BSP: every update on fresh parameters
+        assert min(rows["bytes"]) > 0
+        first, last = np.mean(rows["loss"][:5]), np.mean(rows["loss"][-5:])
+        assert last < 0.75 * first, f"worker {k}: loss {first:.3f} -> {last:.3f}"
+    for j in range(2):  # servers were running until the workers finished, then stopped
+        assert results[f"server{j}"].returncode is None
+
+
+# ---- cluster files ------------------------------------------------------------------------------
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
+def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Path):
+    path = write(tmp_path, """
+        launcher = "netns"
+        suite = "multihost"
+        port = 29500
+        [run]
+        system = "ddp"
+        workload = "mlp-digits"
+        max_steps = 60
+        [[hosts]]
+        name = "n0"
+        roles = ["worker"]
+        [[hosts]]
+        name = "n1"
+        roles = ["worker"]
+        cap_mbit = 200
+        [[hosts]]
+        name = "n2"
+        roles = ["worker"]
+    """)
+    before = set(netlab.list_namespaces())
+    result = cluster.run_file(cluster.load(path), results_dir)
+    assert set(netlab.list_namespaces()) == before          # the lab is gone
+    run_dir = results_dir / "multihost" / result.run_id
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    hosts = manifest["extra"]["cluster"]["hosts"]
+    assert [h["address"].startswith("198.18.") for h in hosts] == [True] * 3
+    assert manifest["spec"]["options"] == {"launcher": "netns", "caps": "n1=200"}
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert steps.groupby("worker")["step"].count().to_dict() == {0: 60, 1: 60, 2: 60}
+    evals = pd.read_csv(run_dir / "evals.csv")
+    assert evals[evals.split == "val"]["accuracy"].iloc[-1] > 0.7
+    assert result.summary["samples_per_s"] > 0
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
+def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_dir: Path, monkeypatch):
+    monkeypatch.setenv("PSBENCH_INJECT_FAULT", "1:3")   # rank 1 raises at its step 3
+    path = write(tmp_path, """
+        launcher = "netns"
+        [run]
+        system = "ddp"
+        workload = "mlp-digits"
+        max_steps = 30
+        [[hosts]]
+        roles = ["worker"]
+        [[hosts]]
+        roles = ["worker"]
+        [[hosts]]
+        roles = ["worker"]
+    """)
+    before = set(netlab.list_namespaces())
+    with pytest.raises(cluster.RoleFailed, match="node"):
+        cluster.run_file(cluster.load(path), results_dir)
+    assert set(netlab.list_namespaces()) == before
+    assert not (results_dir / "cluster").exists() or not any((results_dir / "cluster").glob("*/manifest.json"))
+
+
+def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
+    """launcher = "local": the same role commands on 127.0.0.1; records merge into one run."""
+    path = write(tmp_path, f"""
+        launcher = "local"
+        suite = "local"
+        port = {free_port()}
+        [run]
+        system = "ps"
+        workload = "mlp-digits"
+        max_steps = 40
+        [run.options]
+        consistency = "bsp"
+        [[hosts]]
+        name = "a"
+        roles = ["ps-server", "worker"]
+        [[hosts]]
+        name = "b"
+        roles = ["worker"]
+    """)
+    from bench.cli import main
+
+    assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir)]) == 0
+    (run_dir,) = [p.parent for p in (results_dir / "local").glob("*/manifest.json")]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["spec"]["options"] == {"consistency": "bsp", "servers": 1, "launcher": "local", "caps": "none"}
+    steps = pd.read_csv(run_dir / "steps.csv")
+    assert steps.groupby("worker")["step"].count().to_dict() == {0: 40, 1: 40}
+    assert (steps["t_wall"] >= 0).all() and steps["t_wall"].max() <= manifest["summary"]["train_s"] + 1e-6
+    evals = pd.read_csv(run_dir / "evals.csv")
+    val = evals[evals.split == "val"]["accuracy"].tolist()
+    assert len(val) == 2 and val[-1] > val[0] + 0.3       # the servers' final model was fetched and evaluated
+    assert len(manifest["extra"]["ps"]["shards"]) == 1
+    # resume: a second call finds the run complete and runs nothing
+    assert cluster.run_file(cluster.load(path), results_dir) is None
+
+
+# ---- the file format and the commands it builds (no processes) ----------------------------------
+
+BASE = """
+    launcher = "{launcher}"
+    [run]
+    system = "{system}"
+    workload = "mlp-digits"
+    max_steps = 5
+"""
+
+
+def parse(text: str, launcher: str = "local", system: str = "ps"):
+    import tomllib
+
+    return cluster.parse(tomllib.loads(textwrap.dedent(BASE.format(launcher=launcher, system=system)) +
+                                       textwrap.dedent(text)))
+
+
+def test_roles_and_counts_come_from_the_hosts():
+    cf = parse("""
+        [[hosts]]
+        roles = ["ps-server"]
+        [[hosts]]
+        roles = ["ps-server", "worker"]
+        [[hosts]]
+        roles = ["worker", "worker"]
+    """)
+    assert cf.spec.workers == 3 and cf.spec.options["servers"] == 2
+    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2", "198.18.0.3"], "python", "/s", "tok")
+    assert [(r.name, r.host, r.stage) for r in roles] == [
+        ("ps-server0", 0, "server"), ("ps-server1", 1, "server"), ("worker0", 1, "worker"),
+        ("worker1", 2, "worker"), ("worker2", 2, "worker"), ("ps-fetch", 1, "finish")]
+    assert roles[1].argv[roles[1].argv.index("--bind") + 1] == "198.18.0.2:29501"
+    assert "198.18.0.1:29500,198.18.0.2:29501" in roles[2].argv
+    assert all(r.env == {"PSBENCH_PS_TOKEN": "tok"} for r in roles)   # the token never in argv
+    assert all("tok" not in r.argv for r in roles)
+
+
+def test_ddp_nodes_get_rank_and_master():
+    cf = parse("""
+        [[hosts]]
+        roles = ["worker", "worker"]
+        [[hosts]]
+        roles = []
+        [[hosts]]
+        roles = ["worker", "worker"]
+    """, launcher="netns", system="ddp")
+    assert cf.spec.workers == 4
+    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2", "198.18.0.3"], "python", "/s")
+    assert [(r.name, r.host) for r in roles] == [("node0", 0), ("node1", 2)]
+    argv = roles[1].argv
+    for flag, value in [("--master-addr", "198.18.0.1"), ("--nnodes", "2"), ("--node-rank", "1"), ("--workers", "4")]:
+        assert argv[argv.index(flag) + 1] == value
+    assert roles[0].env == {"GLOO_SOCKET_IFNAME": "veth0"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[[hosts]]\nroles = ["worker"]\n', "at least one host with the role \"ps-server\""),
+    ('[[hosts]]\nroles = ["ps-server"]\n', "no host has the role \"worker\""),
+    ('[[hosts]]\nroles = ["scheduler"]\n', "allows a list of ps-server, worker"),
+    ('[[hosts]]\nroles = ["ps-server", "worker"]\ncap_mbit = 100\n', "cap_mbit needs launcher = \"netns\""),
+    ('[[hosts]]\nroles = ["ps-server", "worker"]\nport = 3\n', "unknown key"),
+    ('[run.options]\nconsistency = "eventual"\n[[hosts]]\nroles = ["ps-server", "worker"]\n', "consistency"),
+])
+def test_bad_cluster_files_are_one_clear_error(text: str, message: str):
+    with pytest.raises(ConfigError, match=message):
+        parse(text)
+
+
+def test_ddp_options_that_come_from_the_hosts_are_refused():
+    with pytest.raises(ConfigError, match="master_addr come from the hosts"):
+        parse('[run.options]\nmaster_addr = "1.2.3.4"\n[[hosts]]\nroles = ["worker"]\n', system="ddp")
+    with pytest.raises(ConfigError, match="same number of worker roles"):
+        parse('[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker", "worker"]\n', system="ddp")
+
+
+def test_ssh_launcher_builds_commands_and_never_runs_them(tmp_path: Path, capsys):
+    path = write(tmp_path, """
+        launcher = "ssh"
+        [run]
+        system = "ps"
+        workload = "mlp-digits"
+        [ssh]
+        user = "bench"
+        workdir = "/opt/psbench dir"
+        python = ".venv/bin/python"
+        [[hosts]]
+        name = "ps"
+        address = "10.1.0.1"
+        roles = ["ps-server"]
+        [[hosts]]
+        name = "w"
+        address = "10.1.0.2"
+        roles = ["worker"]
+    """)
+    cf = cluster.load(path)
+    roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
+    argv = cluster.ssh_argv(cf, roles[1])
+    assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
+    assert argv[6].startswith("cd '/opt/psbench dir' && env PSBENCH_PS_TOKEN=t0k exec .venv/bin/python -m bench "
+                              "ps-worker --servers 10.1.0.1:29500 --worker-id 0")
+    with pytest.raises(ConfigError, match="--dry-run"):
+        cluster.run_file(cf, tmp_path / "results")
+    from bench.cli import main
+
+    assert main(["run", "--cluster", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ssh -o BatchMode=yes") == 3 and "bench@10.1.0.1" in out
+    with pytest.raises(ConfigError, match="needs an address for every host"):
+        parse('[[hosts]]\nroles = ["ps-server", "worker"]\n', launcher="ssh")
+
+
+# ---- the bandwidth experiment (quick variant) ----------------------------------------------------
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
+def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
+    """PS (1 server, 4 workers) vs DDP (4 ranks), every link capped at 100 Mbit/s and uncapped,
+    measured side by side: under the cap the ring is several times faster, uncapped it is not."""
+    from bench.cli import main
+
+    before = set(netlab.list_namespaces())
+    assert main(["netlab", "bench", "--quick", "--results-dir", str(tmp_path)]) == 0
+    assert set(netlab.list_namespaces()) == before
+    table = pd.read_csv(tmp_path / "netlab" / "bandwidth.csv")
+    assert (tmp_path / "netlab" / "bandwidth.png").stat().st_size > 10_000
+    ratio = {("capped" if c == c else "uncapped"): r
+             for c, r in zip(table[table.system == "ps"]["cap_mbit"], table[table.system == "ps"]["ddp_over_this"])}
+    print(f"\nDDP/PS samples/s: 100 Mbit/s {ratio['capped']:.2f}, uncapped {ratio['uncapped']:.2f}")
+    assert ratio["capped"] > 2.0
+    assert ratio["capped"] > 1.5 * ratio["uncapped"]
+    # one run folder per (system, cap), readable by the report
+    assert len(list((tmp_path / "netlab").glob("*/manifest.json"))) == 4
+    # the scale model, given the measured compute time and the capped link's measured goodput,
+    # predicts the bandwidth-bound PS run within its stated error
+    import os
+
+    from bench.simulate import DEFAULT_ERROR_BOUND, Calibration, measure_single, model_bytes
+    from bench.simval import validate_netlab
+
+    single = measure_single("mlp-wide-synthetic", 64, 20)
+    cal = Calibration(single["step_s"], 0.0, model_bytes("mlp-wide-synthetic"), 1e9, 1e-4, cores=os.cpu_count() or 1)
+    rows = {r["system"]: r for r in validate_netlab(table, cal).rows}
+    print(f"model error at 100 Mbit/s: PS BSP {rows['ps']['error']:.1%}, DDP ring {rows['ddp']['error']:.1%}")
+    assert rows["ps"]["error"] <= DEFAULT_ERROR_BOUND
