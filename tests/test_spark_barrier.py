@@ -5,20 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pyspark = pytest.importorskip("pyspark")
-
-from spark_helpers import final_val_accuracy, run_system  # noqa: E402
+from spark_helpers import LOCAL2, final_val_accuracy, run_system, spark_session  # noqa: F401 (the module's session)
 
 pytestmark = pytest.mark.spark
-LOCAL2 = {"spark_master": "local[2]"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def spark_session():
-    from systems.spark.session import get_session, stop_session
-
-    yield get_session("local[2]", 2)
-    stop_session()
 
 
 def test_trains_mlp_digits_with_two_workers_and_records_overheads():

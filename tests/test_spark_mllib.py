@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-pyspark = pytest.importorskip("pyspark")
-import torch  # noqa: E402
-
-from spark_helpers import final_val_accuracy, run_system  # noqa: E402
-from systems.common import prepare  # noqa: E402
-from bench.spec import RunSpec  # noqa: E402
+from bench.spec import RunSpec
+from spark_helpers import LOCAL2, final_val_accuracy, run_system, spark_session  # noqa: F401 (the module's session)
+from systems.common import prepare
 
 pytestmark = pytest.mark.spark
-LOCAL2 = {"spark_master": "local[2]"}  # every test reuses the module's session
-
-
-@pytest.fixture(scope="module", autouse=True)
-def spark_session():
-    from systems.spark.session import get_session, stop_session
-
-    yield get_session("local[2]", 2)
-    stop_session()
 
 
 def test_trains_mlp_digits_with_two_workers_and_records_overheads():
