@@ -33,6 +33,7 @@ PALETTE: dict[str, str] = {
     "horovod": "#2ca02c",
     "spark-mllib": "#d62728",
     "spark-barrier": "#9467bd",
+    "spark-torch": "#8c564b",
     "spark": "#8c564b",
     "switch": "#e377c2",
     "strategy-switch": "#e377c2",
@@ -196,7 +197,7 @@ def throughput_vs_workers(res: SuiteResults, out_dir: Path) -> list[Path]:
 
 def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
     """Per-mini-batch time vs batch size, log-log: the shape of Kassela et al. 2019's figure."""
-    runs, note = one_sharding(res.runs.dropna(subset=["mean_step_s"]))
+    runs, note = one_sharding(res.runs.dropna(subset=["median_step_s"]))
     if runs.empty or runs.groupby("label")["batch_size"].nunique().max() < 2:
         return []
     style = Styles(res.runs)
@@ -204,15 +205,15 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
     fig, axes = _facets(len(workloads))
     for ax, workload in zip(axes, workloads):
         for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding"]):
-            agg = rows.groupby("batch_size")["mean_step_s"].median().reset_index()
+            agg = rows.groupby("batch_size")["median_step_s"].median().reset_index()
             if len(agg) < 2:
                 continue
-            reduction = agg["mean_step_s"].iloc[-1] / agg["mean_step_s"].iloc[0]
-            ax.plot(agg["batch_size"], agg["mean_step_s"] * 1000, label=f"{name} ({reduction:.2f}x)", **style(label, k))
+            reduction = agg["median_step_s"].iloc[-1] / agg["median_step_s"].iloc[0]
+            ax.plot(agg["batch_size"], agg["median_step_s"] * 1000, label=f"{name} ({reduction:.2f}x)", **style(label, k))
         log2_x(ax, runs["batch_size"].unique())
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.3g"))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: labels stay legible
         ax.set(title=workload, xlabel="mini-batch size per worker (examples)", ylabel="time per mini-batch (ms)")
         legend(ax, title="system (cost at largest ÷ smallest batch)")
     fig.suptitle(_suite_title(res, f"Per-mini-batch time vs batch size (log-log{note}; cf. Kassela et al. 2019)"))

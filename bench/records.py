@@ -34,6 +34,16 @@ class RunResult:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def median_step_interval(steps: pd.DataFrame) -> float | None:
+    """Median time between a worker's consecutive steps, over all workers: the per-mini-batch cost
+    without process launch, start-up or evaluation pauses (which the mean over the run includes)."""
+    if len(steps) < 2:
+        return None
+    ordered = steps.sort_values(["worker", "step"])
+    intervals = ordered.groupby("worker")["t_wall"].diff().dropna()
+    return float(intervals.median()) if len(intervals) else None
+
+
 class Recorder:
     """Collects rows while a system trains. t_wall is seconds on the training clock: it starts at
     `start_clock()` (after set-up such as a Spark session start) and excludes `paused()` spans."""
@@ -125,6 +135,7 @@ class Recorder:
             "samples_per_s": n_samples / train_s if train_s > 0 else None,
             "steps": int(len(steps)),
             "mean_step_s": float(train_s / steps.groupby("worker")["step"].count().max()) if len(steps) else None,
+            "median_step_s": median_step_interval(steps),
             "target_accuracy": self.target_accuracy,
             "time_to_target_s": None,
         }

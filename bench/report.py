@@ -100,10 +100,10 @@ def summary_table(res: SuiteResults) -> pd.DataFrame:
 
 def batch_sweep_table(res: SuiteResults) -> pd.DataFrame:
     """Per variant: step time at the smallest and the largest batch, and the fall between them."""
-    runs = res.runs.dropna(subset=["mean_step_s"])
+    runs = res.runs.dropna(subset=["median_step_s"])
     rows = []
     for key, group in runs.groupby(["workload", "label", "workers", "sharding"], sort=True):
-        by_batch = group.groupby("batch_size")["mean_step_s"].median()
+        by_batch = group.groupby("batch_size")["median_step_s"].median()
         if len(by_batch) < 2:
             continue
         rows.append({"workload": key[0], "system": key[1], "workers": key[2], "sharding": key[3],
@@ -316,7 +316,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
     table("Thesis figures beside ours", thesis,
           "Our runs are small and on one machine; the shape of a finding is what carries over, not its size.")
     table("Per-mini-batch cost vs batch size", batch,
-          "Median time per mini-batch at the smallest and largest batch size of each variant.")
+          "Median time between a worker's consecutive mini-batches (launch and start-up excluded) at the smallest and largest batch size of each variant.")
     table("Staleness", staleness_table(res), "Server versions between a worker's pull and the apply of its update.")
     table("Sharding variability", sharding,
           "Mean and variance (over seeds) of the final metrics; var ratio = variance under random sharding ÷ "

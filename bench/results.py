@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS
+from bench.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, median_step_interval
 from workloads.errors import ConfigError
 
 REPORT_OUTPUTS = {"plots", "report.md", "report.html"}  # written by bench.report into the suite folder
@@ -87,9 +87,13 @@ def load_suite(path: Path | str) -> SuiteResults:
     runs = pd.DataFrame(rows)
     runs = _fill_defaults(runs)
     runs["label"] = variant_labels(runs)
+    steps = _concat(frames["steps.csv"], STEP_COLUMNS)
+    # Derived from the rows themselves, so results written before the summary carried it agree.
+    per_run = {run_id: median_step_interval(group) for run_id, group in steps.groupby("run_id")}
+    runs["median_step_s"] = runs["run_id"].map(per_run).astype(float)
     return SuiteResults(
         suite=path.name, path=path, runs=runs.sort_values(["system", "label", "workers", "seed"]).reset_index(drop=True),
-        steps=_concat(frames["steps.csv"], STEP_COLUMNS), evals=_concat(frames["evals.csv"], EVAL_COLUMNS),
+        steps=steps, evals=_concat(frames["evals.csv"], EVAL_COLUMNS),
         events=_concat(frames["events.csv"], EVENT_COLUMNS),
         shard_counts=pd.DataFrame(shard_rows, columns=["run_id", "worker", "class", "count"]),
         manifests=manifests)

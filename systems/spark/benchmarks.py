@@ -22,10 +22,10 @@ import pandas as pd
 
 
 def median_step_s(steps: list[dict[str, Any]] | pd.DataFrame) -> float:
-    frame = pd.DataFrame(steps)
-    w0 = frame[frame["worker"] == frame["worker"].min()].sort_values("step")
-    intervals = np.diff(w0["t_wall"].to_numpy(dtype=float))
-    return float(np.median(intervals)) if len(intervals) else float("nan")
+    from bench.records import median_step_interval
+
+    value = median_step_interval(pd.DataFrame(steps))
+    return float("nan") if value is None else value
 
 
 def _run(system: str, workers: int, options: dict[str, Any], **settings: Any) -> dict[str, float]:
