@@ -10,6 +10,7 @@ import psutil
 import pytest
 import torch
 
+from async_helpers import ASYNC_ACCURACY, settled_accuracy
 from bench.cli import main as cli_main
 from bench.records import Recorder
 from bench.spec import RunSpec
@@ -17,7 +18,6 @@ from systems.common import flat_params, forward_backward, make_optimizer, prepar
 from systems.ps.adapter import PSOptions, run_ps_phase
 from systems.ps.launch import LaunchError
 
-ACCURACY = 0.85  # val accuracy mlp-digits reaches in its default 5 epochs with 2 async workers
 
 
 def no_children() -> list:
@@ -57,13 +57,14 @@ def test_cli_asp_run_learns_and_records_staleness(results_dir):
     assert rc == 0
     [run] = list((results_dir / "t").iterdir())
     summary = json.loads((run / "manifest.json").read_text())["summary"]
-    assert summary["final_val_accuracy"] >= ACCURACY
     assert summary["staleness_mean"] > 0 and summary["staleness_max"] >= 1
     assert sum(summary["staleness_hist"].values()) == summary["steps"]
     steps = pd.read_csv(run / "steps.csv")
     assert set(steps["worker"]) == {0, 1} and steps["staleness"].notna().all() and (steps["bytes"] > 0).all()
     evals = pd.read_csv(run / "evals.csv")
-    assert len(evals[evals["split"] == "val"]) >= 3  # initial, during, final
+    val = evals[evals["split"] == "val"]  # in step order
+    assert len(val) >= 3 and val["accuracy"].iloc[-1] == summary["final_val_accuracy"]
+    assert settled_accuracy(val["accuracy"]) >= ASYNC_ACCURACY
     assert not no_children()
 
 
@@ -78,7 +79,7 @@ def test_ssp_learns_and_never_exceeds_its_bound():
     # With 2 workers, between a worker's pull and its next push the other can push at most 2s+1 times.
     assert steps["staleness"].max() <= 2 * bound + 1
     val = [e for e in recorder.evals if e["split"] == "val"]
-    assert val[-1]["accuracy"] >= ACCURACY
+    assert settled_accuracy(e["accuracy"] for e in val) >= ASYNC_ACCURACY
 
 
 def test_worker_failure_fails_the_run_naming_the_worker_and_leaves_no_processes():

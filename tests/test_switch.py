@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from async_helpers import ASYNC_ACCURACY, settled_accuracy
 from bench.records import Recorder
 from bench.spec import RunSpec
 from systems import get_system
@@ -19,8 +20,8 @@ from systems.switch import adapter as switch_adapter
 from systems.switch.adapter import SwitchOptions, SwitchSystem
 from workloads.errors import ConfigError
 
-TARGET_ACCURACY = 0.85  # mlp-digits, 2 workers, 5 epochs, switch at 40%: 0.88-0.94 measured (pure ddp 0.936);
-#                        the async phase varies with scheduling, so the bar is the PS ASP tests' 0.85
+TARGET_ACCURACY = ASYNC_ACCURACY  # switch at 40%: 0.88-0.94 measured (pure ddp 0.936); the async phase
+#                                  varies with scheduling, so the bar is the PS async tests' (async_helpers)
 SWITCH_STEP = 46        # fixed:fraction=0.4 of the 115 common steps
 WEIGHT_ATOL = 1e-5      # DDP vs single-process concat batch (tests/allreduce_helpers.py)
 
@@ -96,7 +97,8 @@ def test_records_form_one_timeline(switched):
 
 def test_switch_run_reaches_accuracy(switched):
     _, _, result, _ = switched
-    assert result.summary["final_val_accuracy"] >= TARGET_ACCURACY
+    evals = pd.read_csv(result.out_dir / "evals.csv")
+    assert settled_accuracy(evals[evals["split"] == "val"]["accuracy"]) >= TARGET_ACCURACY
     assert result.summary["time_to_target_s"] is not None
     assert result.summary["staleness_mean"] >= 0
 
