@@ -69,6 +69,6 @@ def ps_overhead(quick: bool = False) -> dict[str, float]:
     roundtrip = ratio_roundtrip(sizes_mb=sizes, reps={1: 300, 10: 40, 100: 5})
     out = {f"roundtrip_{size}mb": roundtrip[f"roundtrip_{size}mb"] for size in sizes}
     # cnn-mnist1d: enough compute per step that the ratio measures the PS, not timer noise.
-    asp = ratio_asp_vs_single({"cnn-mnist1d": 300 if quick else 600}, repeats=1)
+    asp = ratio_asp_vs_single({"cnn-mnist1d": 300 if quick else 600}, repeats=1, pipelined=False)
     out["asp1_vs_single_cnn_mnist1d"] = asp["asp1_vs_single_cnn-mnist1d"]
     return out

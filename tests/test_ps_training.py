@@ -51,6 +51,31 @@ def test_bsp_equals_single_process_sgd_on_the_averaged_gradient():
     assert not no_children()
 
 
+def test_pipelined_asp_computes_each_gradient_one_reply_behind():
+    """--pipeline: gradient t (t >= 1) is computed on the weights before update t-1 while that
+    push is in flight; the shard counts staleness 1 from the version the push names."""
+    steps = 12
+    spec = RunSpec("ps", "mlp-digits", workers=1, seed=5, max_steps=steps)
+    prep = prepare(spec)
+    recorder = Recorder(spec)
+    result = run_ps_phase(prep, PSOptions(consistency="asp", pipeline=True), recorder)
+
+    server_model, lagging = prep.build_model(), prep.build_model()  # w_t, and the weights the worker holds
+    loss_fn = prep.workload.loss_fn()
+    optimizer = make_optimizer(server_model, prep.workload, prep.lr)  # 1 worker: lr scaling 1
+    for _, x, y in prep.batches(0):
+        forward_backward(lagging, loss_fn, x, y)
+        lagging.load_state_dict(server_model.state_dict())  # the next gradient sees w_t ...
+        for p, q in zip(server_model.parameters(), lagging.parameters()):
+            p.grad = q.grad.clone()
+        optimizer.step()                                     # ... while g_t makes w_{t+1}
+    np.testing.assert_allclose(result.params, flat_params(server_model), rtol=1e-5, atol=1e-6)
+    rows = pd.DataFrame(recorder.steps)
+    assert rows["step"].tolist() == list(range(steps))
+    assert rows["staleness"].tolist() == [0] + [1] * (steps - 1)
+    assert result.server_stats[0]["applied"] == steps and not no_children()
+
+
 def test_cli_asp_run_learns_and_records_staleness(results_dir):
     rc = cli_main(["run", "--system", "ps", "--workload", "mlp-digits", "-np", "2", "--consistency", "asp",
                    "--results-dir", str(results_dir), "--suite", "t", "--no-progress"])

@@ -254,3 +254,38 @@ def test_shard_staleness_lr_damps_a_stale_update():
     assert last.extra["staleness"] == 4
     w_before = -(1 + 1 + 1 / 2 + 1 / 3)  # worker 1's own pushes had tau 0, 1, 2, 3
     np.testing.assert_allclose(last.arrays[0], w_before - 1 / 4, rtol=1e-6)
+
+
+def test_pipelined_push_counts_staleness_and_dc_asgd_from_the_version_it_names():
+    shard = make_shard("asp", n=1, mitigation="dc-asgd:2")  # lr 1, no momentum, w0 = 0
+    g = np.array([1.0, 2.0, -1.0], np.float32)
+    send(shard, b"a", "pull", 0)                                           # sent v0: w = 0
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True, based_on=0)  # v1: w = -g, sent
+    assert replies(shard)[-1][1].extra["staleness"] == 0
+    # the next gradient was computed on v0 (the reply of v1 was still in flight): stale by 1,
+    # and DC-ASGD compensates from v0's weights, not from v1's that were sent last
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True, based_on=0)
+    last = replies(shard)[-1][1]
+    assert last.extra["staleness"] == 1 and last.version == 2
+    # g' = g + 2*g*g*(w_now - w_v0) = [1, 2, -1] + 2*[1, 4, 1]*[-1, -2, 1] = [-1, -14, 1]
+    np.testing.assert_allclose(last.arrays[0], np.array([-1, -2, 1]) - np.array([-1, -14, 1]))
+    # a version never sent to this worker falls back to the last send (v2): staleness 0, no error
+    send(shard, b"a", "push", 0, arrays=[g], want_params=True, based_on=99)
+    assert replies(shard)[-1][1].extra["staleness"] == 0 and shard.n_errors == 0
+
+
+def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
+    for consistency in ("bsp", "ssp:1"):
+        shard = make_shard(consistency, n=1)
+        send(shard, b"a", "push", 0, arrays=[np.ones(3, np.float32)], based_on=0)
+        [(_, msg)] = replies(shard)
+        assert msg.op == "error" and "needs consistency asp" in msg.extra["error"] and shard.version == 0
+    shard = make_shard("asp", n=1)
+    for bad in (-1, "0", True, 1.5):
+        send(shard, b"a", "push", 0, arrays=[np.ones(3, np.float32)], based_on=bad)
+        [(_, msg)] = replies(shard)
+        assert msg.op == "error" and "based_on" in msg.extra["error"]
+    assert shard.version == 0 and shard.n_errors == 4
+    with pytest.raises(ConfigError, match="pipeline needs consistency asp"):
+        parse_options(PSOptions, {"consistency": "bsp", "pipeline": "true"}, "ps")
+    assert parse_options(PSOptions, {"consistency": "asp", "pipeline": "true"}, "ps").pipeline is True

@@ -41,6 +41,8 @@ class PSOptions:
     servers: int = option(1, "number of server shards (keys split by size across them)")
     mitigation: str = option("none", "none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
     lr_scaling: str = option("auto", "auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
+    pipeline: bool = option(False, "asp only: each worker overlaps its push's round trip with the next "
+                                   "step's compute (ps-lite's async push; staleness >= 1)")
     host: str = option("127.0.0.1", "address the server shards bind")
     token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
                                         "else a random one per run; an option value is saved in the manifest)")
@@ -59,6 +61,9 @@ class PSOptions:
         resolve_lr(self.lr_scaling, self.consistency, 1)
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1, got {self.servers}")
+        if self.pipeline and parse_consistency(self.consistency)[0] != "asp":
+            raise ConfigError(f"pipeline needs consistency asp, got {self.consistency!r}: under bsp/ssp a worker "
+                              f"must wait for its reply")
         if not self.step_timeout_s > 0:
             raise ConfigError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
         if not _loopback(self.host):
@@ -188,6 +193,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]
     worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--start-step", str(start_step),
                    "--timeout-s", repr(options.step_timeout_s + 60), "--retry-s", repr(options.retry_s)]
+    if options.pipeline:
+        worker_args.append("--pipeline")
     extra = {0: ["--snapshots"]}
     buffers_dir = tempfile.TemporaryDirectory(prefix="psbench-ps-buffers-")
     if init_buffers is not None and len(init_buffers):

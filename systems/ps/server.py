@@ -5,6 +5,8 @@ machine (no sockets, testable in-process); `serve` runs it behind a zmq ROUTER s
 Parameters are never updated in place: each update builds new arrays. So a reply that is still
 in zmq's send queue (sent zero-copy) keeps the exact values it was sent with, and the per-worker
 "what I last sent you" snapshot that DC-ASGD and gap-aware need is a dict of references, free.
+A pipelined worker (`--pipeline`) computes on the parameters of the reply before the last one and
+says so (`based_on`); the shard keeps the last SENT_HISTORY sends per worker to look that up.
 
 Run by hand: `psbench ps-server --bind 127.0.0.1:5555 --shard-id 0 --servers 1 --workers 2 ...`
 """
@@ -15,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_
 
 log = logging.getLogger("psbench.ps.server")
 ADMIN = -1  # the worker id of the launcher / operator (init, state, stats, shutdown)
+SENT_HISTORY = 2  # (version, params) sends remembered per worker: a pipelined push is one reply behind
 
 
 @dataclass
@@ -67,6 +70,8 @@ class Shard:
         self.version = 0
         self.pulled_version: dict[int, int] = {}
         self.snapshot: dict[int, dict[int, np.ndarray]] = {}
+        self.sent: dict[int, deque[tuple[int, dict[int, np.ndarray]]]] = {}  # the last sends, for based_on
+        self.based_on: dict[int, int] = {}  # the version a worker's pending push says it was computed on
         self.staleness = Counter()
         self.n_errors = 0
         self.stopping = False
@@ -91,8 +96,8 @@ class Shard:
     # ---- what policies call ---------------------------------------------------------------
     def apply(self, grads: dict[int, np.ndarray], workers: list[int]) -> int:
         """One optimizer update from `grads` (already averaged under BSP). Returns its staleness."""
-        tau = max(self.version - self.pulled_version.get(w, 0) for w in workers)
-        pulled = self.snapshot.get(workers[0], self.params)
+        tau = max(self.version - self._basis(w)[0] for w in workers)
+        pulled = self._basis(workers[0])[1]
         new: dict[int, np.ndarray] = {}
         for k in self.keys:
             w_now = self.params[k]
@@ -103,10 +108,22 @@ class Shard:
         self.staleness[tau] += 1
         return tau
 
+    def _basis(self, w: int) -> tuple[int, dict[int, np.ndarray]]:
+        """The version and parameters worker w's gradient was computed on: the earlier send its push
+        names (pipelined), else the last one sent to it. A named version we never sent it (or lost
+        in a restart) falls back to the last send, so a wrong claim cannot corrupt anything."""
+        named = self.based_on.get(w)
+        if named is not None:
+            for version, params in self.sent.get(w, ()):
+                if version == named:
+                    return version, params
+        return self.pulled_version.get(w, 0), self.snapshot.get(w, self.params)
+
     def _params_frames(self, req: Request, op: str, keys: list[int], **extra: Any) -> list[Any]:
         if req.worker != ADMIN:
             self.pulled_version[req.worker] = self.version
             self.snapshot[req.worker] = self.params  # a reference: params are replaced, not mutated
+            self.sent.setdefault(req.worker, deque(maxlen=SENT_HISTORY)).append((self.version, self.params))
         return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=keys,
                                arrays=[self.params[k] for k in keys], **_rid(req.rid), **extra)
 
@@ -184,9 +201,19 @@ class Shard:
                 self.n_duplicates += 1
                 self.reply_push(req, 0)
                 return
+            based_on = msg.extra.get("based_on")
+            if based_on is not None and (not isinstance(based_on, int) or isinstance(based_on, bool) or based_on < 0):
+                raise protocol.ProtocolError(f"push's based_on must be a non-negative version, got {based_on!r:.40}")
+            if based_on is not None and self.policy.kind != "asp":
+                raise protocol.ProtocolError(f"a pipelined push (based_on) needs consistency asp; this shard runs "
+                                             f"{self.consistency}")
             req.grads = msg.tensors()
             if rid is not None:
                 self.done_rid[w] = rid
+            if based_on is None:
+                self.based_on.pop(w, None)
+            else:
+                self.based_on[w] = based_on
             self.policy.push(self, req)
         elif op == "bye":
             self.policy.bye(self, w)

@@ -36,6 +36,14 @@ class PushReply:
     nbytes: int = 0
 
 
+@dataclass
+class InFlight:
+    """Requests sent and not yet answered (their frames are kept for resending)."""
+    rid: int
+    requests: dict[int, list[Any]]
+    nbytes: int
+
+
 class KVWorker:
     """Client of S shards. Keys are model tensor indices; `partition_keys` says which shard owns which."""
 
@@ -83,15 +91,22 @@ class KVWorker:
 
     # ---- one round: a message to some shards, their replies ------------------------------------
     def _round(self, requests: dict[int, list[Any]]) -> tuple[dict[int, protocol.Message], int]:
+        return self._collect(self._send(requests))
+
+    def _send(self, requests: dict[int, list[Any]]) -> InFlight:
         nbytes = 0
         rid = self.rid  # the id _msg put into every request of this round
         self.rid += 1
         for j, frames in requests.items():
             self.sockets[j].send_multipart(frames, copy=False)
             nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
+        return InFlight(rid, requests, nbytes)
+
+    def _collect(self, sent: InFlight) -> tuple[dict[int, protocol.Message], int]:
+        nbytes = sent.nbytes
         replies: dict[int, protocol.Message] = {}
-        for j, frames in requests.items():
-            msg = self._receive(j, rid, frames)
+        for j, frames in sent.requests.items():
+            msg = self._receive(j, sent.rid, frames)
             replies[j] = protocol.check_error(msg, f"server shard {j} ({self.addresses[j]})")
             if msg.op == "params":
                 self.versions[j] = msg.version
@@ -150,13 +165,24 @@ class KVWorker:
              want_params: bool = False) -> PushReply:
         """Send gradients (each shard gets exactly its keys). With want_params the reply carries
         the shard's parameters after the update (ps-lite's PushPull): one round trip per step."""
+        return self.push_wait(self.push_start(keys, grads, step, want_params))
+
+    def push_start(self, keys: Sequence[int], grads: Sequence[np.ndarray], step: int = 0, want_params: bool = False,
+                   based_on: Sequence[int] | None = None) -> InFlight:
+        """Send a push without waiting for its replies (ps-lite's asynchronous Push; finish it with
+        push_wait). `based_on`: per shard, the version the gradients were computed on, for a worker
+        that computes before the previous reply is in (the shard then counts the staleness from it)."""
         groups = self._by_shard(keys, grads)
-        # the header's version says which parameters the gradient was computed on (informational:
-        # the shard's own record of what it sent this worker decides the staleness)
-        replies, nbytes = self._round({j: self._msg("push", step, ks, arrs, version=self.versions[j],
-                                                    want_params=want_params)
-                                       for j, (ks, arrs) in groups.items()})
-        params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)} if want_params else {}
+        # the header's version says which parameters the worker holds (informational: the shard's
+        # own record of what it sent, or `based_on`, decides the staleness)
+        extra = {} if based_on is None else {j: {"based_on": int(based_on[j])} for j in groups}
+        return self._send({j: self._msg("push", step, ks, arrs, version=self.versions[j], want_params=want_params,
+                                        **extra.get(j, {}))
+                           for j, (ks, arrs) in groups.items()})
+
+    def push_wait(self, sent: InFlight) -> PushReply:
+        replies, nbytes = self._collect(sent)
+        params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
         return PushReply(max(int(m.extra.get("staleness", 0)) for m in replies.values()),
                          min(m.version for m in replies.values()), params, nbytes)
 
@@ -207,12 +233,15 @@ class WorkerResult:
 class Trainer:
     """A worker's training loop. `__init__` does the set-up (model, views) before the clock starts;
     `run` pulls, then per mini-batch: forward/backward, push the gradients, take the fresh parameters
-    from the reply. With `snapshots`, keep a copy of the parameters every eval_every steps (the
-    launcher evaluates them off the clock)."""
+    from the reply. With `pipeline` (ASP only) the push's round trip overlaps the next step's
+    forward/backward, which therefore runs on the parameters of the reply before (staleness >= 1),
+    as ps-lite's asynchronous Push allows. With `snapshots`, keep a copy of the parameters every
+    eval_every steps (the launcher evaluates them off the clock)."""
 
     def __init__(self, prep, kv: KVWorker, worker_id: int, start_step: int = 0, snapshots: bool = False,
-                 fail_at_step: int | None = None, progress=None, halt_at_step: int | None = None):
-        self.prep, self.kv, self.worker_id = prep, kv, worker_id
+                 fail_at_step: int | None = None, progress=None, halt_at_step: int | None = None,
+                 pipeline: bool = False):
+        self.prep, self.kv, self.worker_id, self.pipeline = prep, kv, worker_id, pipeline
         self.start_step, self.snapshots, self.fail_at_step = start_step, snapshots, fail_at_step
         # progress(step, new_rows, halted): called every PROGRESS_EVERY_S with the rows made since
         # the last call, so a worker that dies has sent most of its rows; at halt_at_step (fault
@@ -256,6 +285,21 @@ class Trainer:
         every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
         cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
         out = WorkerResult(cols)
+
+        def finish(step: int, n_samples: int, loss: float, sent: InFlight) -> None:
+            """Take step's reply: load the fresh parameters, record the row (and a snapshot)."""
+            reply = kv.push_wait(sent)
+            self.load(reply.params)
+            t = time.time() - t0
+            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes)):
+                cols[name].append(value)
+            if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
+                out.snapshot_steps.append(step + 1)
+                out.snapshot_t.append(t)
+                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views] + [self.flat_buffers()]))
+
+        keys = range(len(params))
+        in_flight: tuple[int, int, float, InFlight] | None = None  # pipeline: the push not yet answered
         sent, next_progress = 0, time.monotonic() + PROGRESS_EVERY_S
         for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
             if self.fail_at_step is not None and step == self.fail_at_step:
@@ -265,16 +309,18 @@ class Trainer:
                 self.progress(step, {c: v[sent:] for c, v in cols.items()}, halt)
                 sent, next_progress = len(cols["step"]), time.monotonic() + PROGRESS_EVERY_S
             loss = forward_backward(self.model, self.loss_fn, x, y)
+            # fresh arrays every step (forward_backward sets .grad to None), so a push still being
+            # sent zero-copy keeps its values while the next backward runs
             grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
-            reply = kv.push_pull(grads, step)
-            self.load(reply.params)
-            t = time.time() - t0
-            for name, value in zip(cols, (step, t, len(y), loss, reply.staleness, reply.nbytes)):
-                cols[name].append(value)
-            if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
-                out.snapshot_steps.append(step + 1)
-                out.snapshot_t.append(t)
-                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views] + [self.flat_buffers()]))
+            if self.pipeline:
+                based_on = list(kv.versions)  # the parameters these gradients were computed on
+                if in_flight is not None:
+                    finish(*in_flight)
+                in_flight = (step, len(y), loss, kv.push_start(keys, grads, step, True, based_on))
+            else:
+                finish(step, len(y), loss, kv.push_start(keys, grads, step, True))
+        if in_flight is not None:
+            finish(*in_flight)
         out.final_buffers = self.flat_buffers()
         kv.bye()
         return out
@@ -309,6 +355,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-buffers", help=argparse.SUPPRESS)  # .npy of BatchNorm statistics to start from
     p.add_argument("--halt-at-step", type=int, help=argparse.SUPPRESS)  # the launcher SIGKILLs us there
     p.add_argument("--retry-s", type=float, default=5.0, help="resend a request unanswered this long (default 5)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="asp only: overlap each push's round trip with the next step's compute (staleness >= 1)")
 
 
 def _spec(args: argparse.Namespace):
@@ -364,13 +412,14 @@ def main(args: argparse.Namespace) -> int:
 
             with WorkerControl(args.control, worker_id, token, args.parent_pid) as ctl:
                 trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
-                                  ctl.progress, args.halt_at_step)
+                                  ctl.progress, args.halt_at_step, args.pipeline)
                 if init_buffers is not None:
                     trainer.load_buffers(init_buffers)
                 result = trainer.run(ctl.wait_go())
                 ctl.done(result)
         else:
-            trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step)
+            trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
+                              pipeline=args.pipeline)
             if init_buffers is not None:
                 trainer.load_buffers(init_buffers)
             result = trainer.run(time.time())
