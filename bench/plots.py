@@ -175,24 +175,35 @@ def _suite_title(res: SuiteResults, text: str) -> str:
     return f"{text} — suite '{res.suite}'"
 
 
+def facet_figure(res: SuiteResults, out_dir: Path, name: str, title: str, panels: list,
+                 draw: Callable[[plt.Axes, object, Styles], None], **size) -> list[Path]:
+    """The skeleton of every plot: one panel per item of `panels`, drawn by draw(ax, panel, style),
+    the suite's title above, saved as `name` (png + svg). `size`: _facets' width/height/cols."""
+    style = Styles(res.runs)
+    fig, axes = _facets(len(panels), **size)
+    for ax, panel in zip(axes, panels):
+        draw(ax, panel, style)
+    fig.suptitle(_suite_title(res, title))
+    return save(fig, out_dir, name)
+
+
 # ---- the plots ---------------------------------------------------------------------------
 
 def throughput_vs_workers(res: SuiteResults, out_dir: Path) -> list[Path]:
     runs, note = one_sharding(res.runs.dropna(subset=["samples_per_s"]))
     if runs.empty or runs["workers"].nunique() < 2:
         return []
-    style = Styles(res.runs)
-    workloads = sorted(runs["workload"].unique())
-    fig, axes = _facets(len(workloads))
-    for ax, workload in zip(axes, workloads):
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         for name, label, rows, k in series(runs[runs["workload"] == workload], ["batch_size", "sharding"]):
             agg = rows.groupby("workers")["samples_per_s"].agg(["mean", "std"]).reset_index()
             ax.errorbar(agg["workers"], agg["mean"], yerr=agg["std"].fillna(0), capsize=3, label=name, **style(label, k))
         log2_x(ax, runs["workers"].unique())
         ax.set(title=workload, xlabel="workers (processes)", ylabel="throughput (samples/s)")
         legend(ax)
-    fig.suptitle(_suite_title(res, f"Throughput vs workers (mean ± sd over seeds{note})"))
-    return save(fig, out_dir, "throughput_vs_workers")
+
+    return facet_figure(res, out_dir, "throughput_vs_workers", f"Throughput vs workers (mean ± sd over seeds{note})",
+                        sorted(runs["workload"].unique()), draw)
 
 
 def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -200,10 +211,8 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
     runs, note = one_sharding(res.runs.dropna(subset=["median_step_s"]))
     if runs.empty or runs.groupby("label")["batch_size"].nunique().max() < 2:
         return []
-    style = Styles(res.runs)
-    workloads = sorted(runs["workload"].unique())
-    fig, axes = _facets(len(workloads))
-    for ax, workload in zip(axes, workloads):
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding"]):
             agg = rows.groupby("batch_size")["median_step_s"].median().reset_index()
             if len(agg) < 2:
@@ -216,8 +225,10 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
         ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: labels stay legible
         ax.set(title=workload, xlabel="mini-batch size per worker (examples)", ylabel="time per mini-batch (ms)")
         legend(ax, title="system (cost at largest ÷ smallest batch)")
-    fig.suptitle(_suite_title(res, f"Per-mini-batch time vs batch size (log-log{note}; cf. Kassela et al. 2019)"))
-    return save(fig, out_dir, "step_time_vs_batch")
+
+    return facet_figure(res, out_dir, "step_time_vs_batch",
+                        f"Per-mini-batch time vs batch size (log-log{note}; cf. Kassela et al. 2019)",
+                        sorted(runs["workload"].unique()), draw)
 
 
 def time_to_accuracy(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -226,24 +237,27 @@ def time_to_accuracy(res: SuiteResults, out_dir: Path) -> list[Path]:
     val = _val_curves(res, runs["run_id"])
     if val.empty:
         return []
-    style = Styles(res.runs)
-    workloads = sorted(runs[runs["run_id"].isin(val["run_id"])]["workload"].unique())
-    fig, axes = _facets(len(workloads))
-    for ax, workload in zip(axes, workloads):
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         rows_w = runs[runs["workload"] == workload]
         for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
             run_id = rows["run_id"].iloc[0]
             curve = val[val["run_id"] == run_id]
             ax.plot(curve["t_wall"], curve["accuracy"], label=name, markevery=max(1, len(curve) // 8),
                     markersize=4, **style(label, k))
-        target = rows_w["target_accuracy"].dropna()
-        if len(target):
-            ax.axhline(target.iloc[0], color="black", linewidth=0.8, linestyle=(0, (4, 4)),
-                       label=f"target {target.iloc[0]:.2f}")
+        _target_line(ax, rows_w)
         ax.set(title=workload, xlabel="training wall time (s)", ylabel="validation accuracy")
         legend(ax)
-    fig.suptitle(_suite_title(res, f"Time to accuracy (first seed of each configuration{note})"))
-    return save(fig, out_dir, "time_to_accuracy")
+
+    return facet_figure(res, out_dir, "time_to_accuracy", f"Time to accuracy (first seed of each configuration{note})",
+                        sorted(runs[runs["run_id"].isin(val["run_id"])]["workload"].unique()), draw)
+
+
+def _target_line(ax: plt.Axes, runs: pd.DataFrame) -> None:
+    target = runs["target_accuracy"].dropna()
+    if len(target):
+        ax.axhline(target.iloc[0], color="black", linewidth=0.8, linestyle=(0, (4, 4)),
+                   label=f"target {target.iloc[0]:.2f}")
 
 
 def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -274,10 +288,8 @@ def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
     table = table[(table["system"] != "single") & table["efficiency"].notna()]
     if table.empty or (table["workers"] > 1).sum() == 0:
         return []
-    style = Styles(res.runs)
-    workloads = sorted(table["workload"].unique())
-    fig, axes = _facets(len(workloads))
-    for ax, workload in zip(axes, workloads):
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         for name, label, rows, k in series(table[table["workload"] == workload], ["batch_size", "sharding"]):
             rows = rows.sort_values("workers")
             ax.plot(rows["workers"], rows["efficiency"], label=name, **style(label, k))
@@ -286,8 +298,10 @@ def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.set(title=workload, xlabel="workers (processes)", ylabel="scaling efficiency (samples/s ÷ (N × single))")
         legend(ax)
-    fig.suptitle(_suite_title(res, f"Scaling efficiency{note.replace(', ', ' (', 1) + ')' if note else ''}"))
-    return save(fig, out_dir, "scaling_efficiency")
+
+    return facet_figure(res, out_dir, "scaling_efficiency",
+                        f"Scaling efficiency{note.replace(', ', ' (', 1) + ')' if note else ''}",
+                        sorted(table["workload"].unique()), draw)
 
 
 def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -296,10 +310,9 @@ def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
         return []
     steps = steps.drop(columns=["system", "workload"]).merge(
         res.runs[["run_id", "label", "workers", "workload", "batch_size", "sharding"]], on="run_id")
-    style = Styles(res.runs)
-    groups = list(series(steps, ["workload", "workers"]))
-    fig, axes = _facets(len(groups), width=4.8, height=3.6)
-    for ax, (name, label, rows, _) in zip(axes, groups):
+
+    def draw(ax: plt.Axes, group: tuple, style: Styles) -> None:
+        name, label, rows, _ = group
         values = rows["staleness"].astype(int).to_numpy()
         levels, counts = np.unique(values, return_counts=True)
         ax.bar(levels, counts / counts.sum(), color=style(label)["color"], width=0.85)
@@ -308,8 +321,9 @@ def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set(title=f"{name}\nmean {values.mean():.2f}, p95 {np.percentile(values, 95):.0f}, max {values.max()}",
                xlabel="staleness (server versions behind)", ylabel="fraction of updates")
-    fig.suptitle(_suite_title(res, "Staleness of applied updates (pooled over workers and seeds)"))
-    return save(fig, out_dir, "staleness_hist")
+
+    return facet_figure(res, out_dir, "staleness_hist", "Staleness of applied updates (pooled over workers and seeds)",
+                        list(series(steps, ["workload", "workers"])), draw, width=4.8, height=3.6)
 
 
 def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -317,12 +331,10 @@ def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
     if switches.empty:
         return []
     switch_runs = res.runs[res.runs["run_id"].isin(switches["run_id"])]
-    style = Styles(res.runs)
-    workloads = sorted(switch_runs["workload"].unique())
-    fig, axes = _facets(len(workloads), width=7.0, height=4.6)
     alike = ["workload", "workers", "batch_size", "sharding"]  # compare with runs set up alike
     setups = switch_runs[alike].drop_duplicates()
-    for ax, workload in zip(axes, workloads):
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         rows_w = first_seed(res.runs.merge(setups[setups["workload"] == workload], on=alike))
         val = _val_curves(res, rows_w["run_id"])
         for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
@@ -338,14 +350,12 @@ def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
                         markeredgecolor="black", linestyle="none")
                 ax.annotate(_switch_text(ev), (ev["t_wall"], acc), textcoords="offset points", xytext=(6, -14),
                             fontsize=8)
-        target = rows_w["target_accuracy"].dropna()
-        if len(target):
-            ax.axhline(target.iloc[0], color="black", linewidth=0.8, linestyle=(0, (4, 4)),
-                       label=f"target {target.iloc[0]:.2f}")
+        _target_line(ax, rows_w)
         ax.set(title=workload, xlabel="training wall time (s)", ylabel="validation accuracy")
         legend(ax)
-    fig.suptitle(_suite_title(res, "Strategy-Switch: sync → async (★ = switch)"))
-    return save(fig, out_dir, "strategy_switch")
+
+    return facet_figure(res, out_dir, "strategy_switch", "Strategy-Switch: sync → async (★ = switch)",
+                        sorted(switch_runs["workload"].unique()), draw, width=7.0, height=4.6)
 
 
 def _switch_text(event: pd.Series) -> str:
@@ -381,12 +391,12 @@ def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
     metrics = [(m, t) for m, t in SHARDING_METRICS if m in runs.columns and runs[m].notna().any()]
     if runs.empty or not metrics:
         return []
-    style = Styles(res.runs)
     strategies = _strategy_order(runs["sharding"].unique())
     groups = list(series(runs, ["workload", "workers", "batch_size"]))
-    fig, axes = _facets(len(metrics), width=5.5, height=4.0, cols=2)
     width = 0.8 / len(groups)
-    for ax, (metric, title) in zip(axes, metrics):
+
+    def draw(ax: plt.Axes, panel: tuple[str, str], style: Styles) -> None:
+        metric, title = panel
         for g, (name, label, rows, _) in enumerate(groups):
             data = [rows.loc[rows["sharding"] == s, metric].dropna().to_numpy() for s in strategies]
             positions = [i + (g - (len(groups) - 1) / 2) * width for i in range(len(strategies))]
@@ -405,8 +415,9 @@ def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
         unit = "accuracy (fraction)" if "accuracy" in metric else "loss (cross-entropy)"
         ax.set(title=title, xlabel="sharding strategy", ylabel=unit)
         legend(ax)
-    fig.suptitle(_suite_title(res, "Sharding variability over seeds (cf. Provatas et al. 2021)"))
-    return save(fig, out_dir, "sharding_variance")
+
+    return facet_figure(res, out_dir, "sharding_variance", "Sharding variability over seeds (cf. Provatas et al. 2021)",
+                        metrics, draw, width=5.5, height=4.0, cols=2)
 
 
 def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -416,8 +427,9 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
         return []
     panels = [(w, s) for w in sorted(counts["workload"].unique())
               for s in _strategy_order(counts[counts["workload"] == w]["sharding"].unique())]
-    fig, axes = _facets(len(panels), width=5.0, height=3.6)
-    for ax, (workload, strategy) in zip(axes, panels):
+
+    def draw(ax: plt.Axes, panel: tuple[str, str], _style: Styles) -> None:
+        workload, strategy = panel
         rows = counts[(counts["workload"] == workload) & (counts["sharding"] == strategy)]
         classes = sorted(rows["class"].unique())
         data = [rows.loc[rows["class"] == c, "count"].to_numpy() for c in classes]
@@ -427,8 +439,10 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
         n_workers = sorted(rows["workers"].unique())
         ax.set(title=f"{workload}: {strategy} ({'/'.join(map(str, n_workers))} workers)",
                xlabel="class", ylabel="examples per worker")
-    fig.suptitle(_suite_title(res, "Per-class examples per worker shard (spread over workers and seeds)"))
-    return save(fig, out_dir, "shard_class_counts")
+
+    return facet_figure(res, out_dir, "shard_class_counts",
+                        "Per-class examples per worker shard (spread over workers and seeds)",
+                        panels, draw, width=5.0, height=3.6)
 
 
 def _strategy_order(strategies) -> list[str]:
