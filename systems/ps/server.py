@@ -4,9 +4,9 @@ machine (no sockets, testable in-process); `serve` runs it behind a zmq ROUTER s
 
 Parameters are never updated in place: each update builds new arrays. So a reply that is still
 in zmq's send queue (sent zero-copy) keeps the exact values it was sent with, and the per-worker
-"what I last sent you" snapshot that DC-ASGD and gap-aware need is a dict of references, free.
+record of what was sent (the w_pulled that DC-ASGD and gap-aware need) holds references, free.
 A pipelined worker (`--pipeline`) computes on the parameters of the reply before the last one and
-says so (`based_on`); the shard keeps the last SENT_HISTORY sends per worker to look that up.
+says so (`based_on`); so the record keeps each worker's last SENT_HISTORY sends.
 
 Run by hand: `psbench ps-server --bind 127.0.0.1:5555 --shard-id 0 --servers 1 --workers 2 ...`
 """
@@ -68,9 +68,8 @@ class Shard:
         self.params: dict[int, np.ndarray] = {}
         self.momentum: dict[int, np.ndarray] = {}
         self.version = 0
-        self.pulled_version: dict[int, int] = {}
-        self.snapshot: dict[int, dict[int, np.ndarray]] = {}
-        self.sent: dict[int, deque[tuple[int, dict[int, np.ndarray]]]] = {}  # the last sends, for based_on
+        self.start_version = 0  # the version a worker holds before anything was sent to it (init / restore)
+        self.sent: dict[int, deque[tuple[int, dict[int, np.ndarray]]]] = {}  # per worker: its last (version, params)
         self.based_on: dict[int, int] = {}  # the version a worker's pending push says it was computed on
         self.staleness = Counter()
         self.n_errors = 0
@@ -112,17 +111,15 @@ class Shard:
         """The version and parameters worker w's gradient was computed on: the earlier send its push
         names (pipelined), else the last one sent to it. A named version we never sent it (or lost
         in a restart) falls back to the last send, so a wrong claim cannot corrupt anything."""
+        sends = self.sent.get(w)
+        if not sends:
+            return self.start_version, self.params
         named = self.based_on.get(w)
-        if named is not None:
-            for version, params in self.sent.get(w, ()):
-                if version == named:
-                    return version, params
-        return self.pulled_version.get(w, 0), self.snapshot.get(w, self.params)
+        return next((send for send in sends if send[0] == named), sends[-1])
 
     def _params_frames(self, req: Request, op: str, keys: list[int], **extra: Any) -> list[Any]:
         if req.worker != ADMIN:
-            self.pulled_version[req.worker] = self.version
-            self.snapshot[req.worker] = self.params  # a reference: params are replaced, not mutated
+            # a reference: params are replaced, not mutated
             self.sent.setdefault(req.worker, deque(maxlen=SENT_HISTORY)).append((self.version, self.params))
         return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=keys,
                                arrays=[self.params[k] for k in keys], **_rid(req.rid), **extra)
@@ -285,7 +282,7 @@ class Shard:
                              if self.optimizer.momentum else {})
             self.version = msg.version
             self.policy.reset(msg.step)
-            self.pulled_version = {w: msg.version for w in range(self.n_workers)}
+            self.start_version = msg.version
         elif slot == "momentum":
             if not self.keys:
                 raise protocol.ProtocolError("init of momentum before params")
@@ -349,7 +346,7 @@ class Shard:
         self.momentum = state.momentum or ({k: np.zeros_like(a) for k, a in self.params.items()}
                                            if self.optimizer.momentum else {})
         self.policy.load_state(state.header.get("policy", {}))
-        self.pulled_version = {w: self.version for w in range(self.n_workers)}
+        self.start_version = self.version
         self.done_rid = {int(w): int(r) for w, r in state.header.get("done_rid", {}).items()}
         self.registered = {str(n): int(i) for n, i in state.header.get("registered", {}).items()}
         self.staleness = Counter({int(k): int(v) for k, v in state.header.get("staleness_hist", {}).items()})

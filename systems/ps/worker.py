@@ -102,11 +102,11 @@ class KVWorker:
             nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
         return InFlight(rid, requests, nbytes)
 
-    def _collect(self, sent: InFlight) -> tuple[dict[int, protocol.Message], int]:
-        nbytes = sent.nbytes
+    def _collect(self, flight: InFlight) -> tuple[dict[int, protocol.Message], int]:
+        nbytes = flight.nbytes
         replies: dict[int, protocol.Message] = {}
-        for j, frames in sent.requests.items():
-            msg = self._receive(j, sent.rid, frames)
+        for j, frames in flight.requests.items():
+            msg = self._receive(j, flight.rid, frames)
             replies[j] = protocol.check_error(msg, f"server shard {j} ({self.addresses[j]})")
             if msg.op == "params":
                 self.versions[j] = msg.version
@@ -180,8 +180,8 @@ class KVWorker:
                                         **extra.get(j, {}))
                            for j, (ks, arrs) in groups.items()})
 
-    def push_wait(self, sent: InFlight) -> PushReply:
-        replies, nbytes = self._collect(sent)
+    def push_wait(self, flight: InFlight) -> PushReply:
+        replies, nbytes = self._collect(flight)
         params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
         return PushReply(max(int(m.extra.get("staleness", 0)) for m in replies.values()),
                          min(m.version for m in replies.values()), params, nbytes)
@@ -286,9 +286,9 @@ class Trainer:
         cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
         out = WorkerResult(cols)
 
-        def finish(step: int, n_samples: int, loss: float, sent: InFlight) -> None:
+        def finish(step: int, n_samples: int, loss: float, flight: InFlight) -> None:
             """Take step's reply: load the fresh parameters, record the row (and a snapshot)."""
-            reply = kv.push_wait(sent)
+            reply = kv.push_wait(flight)
             self.load(reply.params)
             t = time.time() - t0
             for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes)):
