@@ -350,20 +350,18 @@ class Cluster:
     def wait_workers(self, timeout_s: float = 30.0) -> None:
         """After collect: let the workers exit (off the training clock); a non-zero exit is an error
         (except a worker already recorded as lost)."""
-        deadline = time.monotonic() + timeout_s
-        for c in self.children:
-            if c.role == "worker":
-                try:
-                    c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+        self._wait_role("worker", timeout_s)
         self._check_children()
 
     def wait_servers(self, timeout_s: float = 10.0) -> None:
         self.stopping = True
+        self._wait_role("server", timeout_s)
+
+    def _wait_role(self, role: str, timeout_s: float) -> None:
+        """Give the children of `role` up to timeout_s in all to exit; those still running are left."""
         deadline = time.monotonic() + timeout_s
         for c in self.children:
-            if c.role == "server":
+            if c.role == role:
                 try:
                     c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
