@@ -34,6 +34,17 @@ def train(system_cls: Any, spec: RunSpec, options: Any, state_dir: Path) -> Trai
     return TrainedRun(spec, recorder, state_dir, time.time() - start)
 
 
+def train_on_loopback(system_cls: Any, spec: RunSpec, options: Any, worker_module: str, state_dir: Path) -> TrainedRun:
+    """`train`, asserting that every socket the run listened on (rendezvous stores, launchers'
+    servers, gloo pairs) was on loopback and that no worker of `worker_module` is left running."""
+    since = time.time()
+    with ListenWatch() as listening:
+        run = train(system_cls, spec, options, state_dir)
+    assert listening.addresses and listening.addresses <= {"127.0.0.1"}, listening.addresses
+    assert leftover_workers(worker_module, since) == []
+    return run
+
+
 @dataclass
 class ListenWatch:
     """Collects the addresses that this process's descendants listen on, while a run is going."""

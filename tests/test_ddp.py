@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from allreduce_helpers import (ListenWatch, check_accuracy, check_equals_concat_batch, check_records, fault_env,
-                               leftover_workers, train)
+from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env, leftover_workers,
+                               train, train_on_loopback)
 from bench.spec import RunSpec
 from systems.allreduce_launch import WorkerFailed
 from systems.base import parse_options
@@ -19,14 +19,8 @@ WORKER = "systems.ddp.worker"
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     """One full run (mlp-digits, 2 workers, 5 epochs) shared by the checks below."""
-    since = time.time()
-    with ListenWatch() as listening:
-        run = train(DDPSystem, RunSpec("ddp", "mlp-digits", workers=2, seed=0), DDPOptions(),
-                    tmp_path_factory.mktemp("ddp-state"))
-    # every socket the run listened on (rendezvous store, gloo pairs) was on loopback
-    assert listening.addresses and listening.addresses <= {"127.0.0.1"}, listening.addresses
-    assert leftover_workers(WORKER, since) == []
-    return run
+    return train_on_loopback(DDPSystem, RunSpec("ddp", "mlp-digits", workers=2, seed=0), DDPOptions(), WORKER,
+                             tmp_path_factory.mktemp("ddp-state"))
 
 
 def test_two_workers_reach_accuracy(two_workers):

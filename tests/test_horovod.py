@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from allreduce_helpers import (ListenWatch, check_accuracy, check_equals_concat_batch, check_records, fault_env,
-                               leftover_workers, train)
+from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env, leftover_workers,
+                               train, train_on_loopback)
 from bench.spec import RunSpec
 from systems.allreduce_launch import WorkerFailed
 from systems.base import parse_options
@@ -21,14 +21,8 @@ INSTALLED = HorovodSystem.unavailable_reason() is None
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    since = time.time()
-    with ListenWatch() as listening:
-        run = train(HorovodSystem, RunSpec("horovod", "mlp-digits", workers=2, seed=0), HorovodOptions(),
-                    tmp_path_factory.mktemp("horovod-state"))
-    # every socket the run listened on (horovodrun's servers, gloo pairs) was on loopback
-    assert listening.addresses and listening.addresses <= {"127.0.0.1"}, listening.addresses
-    assert leftover_workers(WORKER, since) == []
-    return run
+    return train_on_loopback(HorovodSystem, RunSpec("horovod", "mlp-digits", workers=2, seed=0), HorovodOptions(),
+                             WORKER, tmp_path_factory.mktemp("horovod-state"))
 
 
 @pytest.mark.parametrize("check", [check_accuracy, check_records, check_equals_concat_batch],
