@@ -29,7 +29,7 @@ bench: setup
 bench-quick: setup
 	$(BIN)/psbench bench --quick --results-dir $(RESULTS)
 
-# Throughput ratios vs bench/baselines/regress.json; non-zero exit on a regression beyond tolerance.
+# Throughput ratios vs bench/regress/baselines/regress.json; non-zero exit on a regression beyond tolerance.
 regress: setup
 	$(BIN)/psbench regress --quick
 

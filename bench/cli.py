@@ -1,4 +1,7 @@
-"""psbench command line: `psbench run`, `psbench bench`, `psbench list`, and the role commands."""
+"""psbench command line: `psbench run`, `psbench bench`, `psbench list`, and the role commands.
+
+Only the command being run is built: `psbench --help` and `psbench list` import no adapter, no
+torch and no pyspark (tests/test_architecture.py checks it)."""
 from __future__ import annotations
 
 import argparse
@@ -9,36 +12,35 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent / "experiments"
 DEFAULT_RESULTS = Path("results")
 
 # Commands that live beside the code they drive: name -> (module, one-line help). Each module
-# has add_arguments(parser) and main(args) -> int; imported only when used or for --help.
+# has add_arguments(parser) and main(args) -> int; imported only when that command is run.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
-    "netlab": ("bench.netlab", "network namespaces as separate hosts (root): up | down | status | exec"),
-    "simulate": ("bench.simulate", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
-    "report": ("bench.report", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
-    "regress": ("bench.regress", "CI regression check of throughput ratios against bench/baselines/regress.json"),
-    "ps-server": ("systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
-    "ps-worker": ("systems.ps.worker", "run one parameter-server worker against running shards"),
+    "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
+    "simulate": ("psbench.bench.sim.command", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
+    "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
+    "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios against bench/regress/baselines/regress.json"),
+    "ps-server": ("psbench.systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
+    "ps-worker": ("psbench.systems.ps.worker", "run one parameter-server worker against running shards"),
 }
 
 
 def _system_classes() -> dict[str, type]:
-    import systems
-
+    from psbench import systems
     return {name: systems.get_system(name) for name in systems.names()}
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from bench.spec import RunSpec
+    from psbench.core.spec import RunSpec
 
     defaults = RunSpec("x", "y")
     g = p.add_argument_group("what to run")
     g.add_argument("--config", type=Path, help="experiment file (TOML/YAML): a matrix of runs; other flags then ignored")
-    g.add_argument("--cluster", type=Path, help="cluster file (TOML/YAML): one run placed on hosts (bench/cluster.py)")
+    g.add_argument("--cluster", type=Path, help="cluster file (TOML/YAML): one run placed on hosts (bench/lab/cluster.py)")
     g.add_argument("--dry-run", action="store_true", help="with --cluster: print each role's command, run nothing")
     g.add_argument("--system", help="system adapter (see `psbench list`)")
     g.add_argument("--workload", help="workload name (see `psbench list`)")
@@ -63,12 +65,14 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_system_option_groups(p: argparse.ArgumentParser) -> None:
     """One group per system, built from its Options dataclass; a field shared by systems is one flag."""
+    from psbench import systems
+
     seen: set[str] = set()
-    for name, cls in _system_classes().items():
-        option_fields = dataclasses.fields(cls.Options)
+    for name in systems.names():
+        option_fields = dataclasses.fields(systems.get_system(name).Options)
         if not option_fields:
             continue
-        group = p.add_argument_group(f"{name} options ({cls.description})")
+        group = p.add_argument_group(f"{name} options ({systems.describe(name)})")
         for f in option_fields:
             if f.name in seen:
                 continue
@@ -79,8 +83,7 @@ def _add_system_option_groups(p: argparse.ArgumentParser) -> None:
 
 
 def _options_from_args(args: argparse.Namespace, system: str) -> dict[str, Any]:
-    import systems
-
+    from psbench import systems
     given = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
     allowed = {f.name for f in dataclasses.fields(systems.get_system(system).Options)}
     stray = sorted(set(given) - allowed)
@@ -92,12 +95,12 @@ def _options_from_args(args: argparse.Namespace, system: str) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from bench.matrix import load_experiment
-    from bench.runner import run_all
-    from bench.spec import RunSpec
+    from psbench.bench.harness.matrix import load_experiment
+    from psbench.bench.harness.runner import run_all
+    from psbench.core.spec import RunSpec
 
     if args.cluster:
-        from bench import cluster
+        from psbench.bench.lab import cluster
 
         cf = cluster.load(args.cluster)
         if args.dry_run:
@@ -141,14 +144,15 @@ def _print_summaries(results: list) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from workloads import WORKLOADS
-    from workloads.sharding import STRATEGIES
+    from psbench import systems
+    from psbench.workloads import WORKLOADS
+    from psbench.workloads.sharding import STRATEGIES
 
     print("systems:")
-    for name, cls in _system_classes().items():
-        reason = cls.unavailable_reason()
+    for name in systems.names():
+        reason = systems.quick_unavailable_reason(name)
         status = "" if reason is None else f"  [unavailable: {reason}]"
-        print(f"  {name:<16} {cls.description}{status}")
+        print(f"  {name:<16} {systems.describe(name)}{status}")
     print("workloads:")
     for w in WORKLOADS.values():
         print(f"  {w.name:<24} {w.description}")
@@ -160,8 +164,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from bench.matrix import load_experiment
-    from bench.runner import run_all
+    from psbench.bench.harness.matrix import load_experiment
+    from psbench.bench.harness.runner import run_all
 
     names = args.experiments or sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml"))
     known = {p.stem: p for p in EXPERIMENTS_DIR.glob("*.toml")}
@@ -182,7 +186,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _report(suite_dir: Path) -> None:
     """Tables and plots for a suite just run; a suite with no runs (all unavailable) has none."""
-    from bench.report import build_report
+    from psbench.bench.report.document import build_report
 
     if not any(p.is_dir() and not p.name.startswith(".") and p.name != "plots" for p in suite_dir.glob("*")):
         print(f"psbench: no runs in {suite_dir}, no report", file=sys.stderr)
@@ -191,7 +195,17 @@ def _report(suite_dir: Path) -> None:
     print(f"report: {report.markdown} ({len(report.plots)} plots)", file=sys.stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
+ALL = "*"  # build_parser(ALL): every command's arguments (for tests and tools)
+
+
+def command_of(argv: list[str]) -> str | None:
+    """The command named on a command line (the first word that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
+    """The parser, with the arguments of `command` alone (ALL: of every command; None: of none,
+    enough for `psbench --help`), so a command never pays for another's imports."""
     parser = argparse.ArgumentParser(
         prog="psbench",
         description="Benchmark distributed training: a parameter server (BSP/ASP/SSP), allreduce (DDP, "
@@ -207,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run one configuration or an experiment file",
                        description="Run one training configuration, or every run of an experiment file.")
-    _add_run_arguments(p)
+    if command in (ALL, "run"):
+        _add_run_arguments(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("list", help="list systems, workloads, sharding strategies and experiments")
@@ -224,14 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, (module, help_text) in EXTRA_COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = importlib.import_module(module)
-        mod.add_arguments(p)
-        p.set_defaults(func=mod.main)
+        if command in (ALL, name):
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(func=mod.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
     try:

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.spec import RunSpec
-from systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, forward_backward,
+from psbench.core.spec import RunSpec
+from psbench.systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, forward_backward,
                             make_optimizer, prepare)
 
 # "RANK:STEP": that rank raises at that step. A test hook for failure handling, off unless set.

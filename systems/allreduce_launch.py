@@ -5,19 +5,16 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-import psutil
+from psbench.core.supervisor import POLL_S, Supervisor
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.allreduce_common import read_state
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.allreduce_common import read_state
-
-POLL_S = 0.1
 GRACE_S = 3.0  # after a failure, how long the other processes get to write their own error files
 
 
@@ -29,34 +26,6 @@ def new_job(spec: RunSpec) -> Path:
     job = Path(tempfile.mkdtemp(prefix=f"psbench-{spec.system}-"))
     (job / "spec.json").write_text(json.dumps(spec.to_dict()))
     return job
-
-
-def stop_tree(procs: list[subprocess.Popen]) -> None:
-    """Terminate the launched processes and everything they started (by pid), then kill leftovers."""
-    victims: list[psutil.Process] = []
-    for proc in procs:
-        try:
-            parent = psutil.Process(proc.pid)
-            victims += parent.children(recursive=True) + [parent]
-        except psutil.NoSuchProcess:
-            pass
-    for v in victims:
-        try:
-            v.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(victims, timeout=3)
-    for v in alive:
-        try:
-            v.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=3)
-    for proc in procs:
-        try:
-            proc.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _first_error(system: str, job: Path) -> str | None:
@@ -83,23 +52,24 @@ def _log_tail(job: Path, n: int = 20) -> str:
     return "\n".join(lines)
 
 
-def supervise(system: str, procs: list[subprocess.Popen], job: Path, timeout_s: float,
+def supervise(system: str, sup: Supervisor, job: Path, timeout_s: float,
               rank_of: Callable[[int], int | None] = lambda i: i) -> None:
     """Wait for every process; on the first failure or at the timeout, stop them all and raise one
     WorkerFailed naming the rank. On success nothing is left running either."""
     deadline = time.monotonic() + timeout_s
+    children = list(sup.children)
     try:
         while True:
-            codes = [p.poll() for p in procs]
+            codes = [c.poll() for c in children]
             if all(c == 0 for c in codes):
                 return
             failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 # Give peers a moment to record their view, then name the earliest error.
                 end = time.monotonic() + GRACE_S
-                while time.monotonic() < end and any(p.poll() is None for p in procs):
+                while time.monotonic() < end and sup.running(children):
                     time.sleep(POLL_S)
-                stop_tree(procs)
+                sup.stop()
                 message = _first_error(system, job)
                 if message is None:
                     i = failed[0]
@@ -109,12 +79,12 @@ def supervise(system: str, procs: list[subprocess.Popen], job: Path, timeout_s: 
                                + _log_tail(job))
                 raise WorkerFailed(message)
             if time.monotonic() > deadline:
-                stop_tree(procs)
+                sup.stop()
                 raise WorkerFailed(f"{system} run timed out after {timeout_s:g} s; all workers stopped "
                                    f"(raise the timeout_s option for longer runs)")
             time.sleep(POLL_S)
     finally:
-        stop_tree(procs)  # no-op when all exited; never leaves orphans on any exit path
+        sup.stop()  # no-op when all exited; never leaves orphans on any exit path
 
 
 def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, state_out: Path | None) -> None:
@@ -142,17 +112,17 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
 
 
 def run_job(system: str, spec: RunSpec, recorder: Recorder,
-            launch: Callable[[Path, list[subprocess.Popen]], None],
+            launch: Callable[[Path, Supervisor], None],
             timeout_s: float, ranks: list[int], state_out: Path | None = None,
             rank_of: Callable[[int], int | None] = lambda i: i) -> None:
-    """Make a job directory, start the processes (`launch` appends each to the list as it starts,
-    so a failed start still stops the earlier ones), supervise them, read their records back."""
+    """Make a job directory, start the processes (`launch` spawns each with the supervisor, so a
+    failed start still stops the earlier ones), supervise them, read their records back."""
     job = new_job(spec)
-    procs: list[subprocess.Popen] = []
-    try:
-        launch(job, procs)
-        supervise(system, procs, job, timeout_s, rank_of)
-        collect(job, ranks, recorder, 0 in ranks, state_out)
-    finally:
-        stop_tree(procs)
-        shutil.rmtree(job, ignore_errors=True)
+    with Supervisor() as sup:
+        try:
+            launch(job, sup)
+            supervise(system, sup, job, timeout_s, rank_of)
+            collect(job, ranks, recorder, 0 in ranks, state_out)
+        finally:
+            sup.stop()
+            shutil.rmtree(job, ignore_errors=True)

@@ -1,8 +1,8 @@
 """The one small interface every system adapter implements, and typed system options.
 
-A system is a class with a `name`, a one-line `description`, an `Options` dataclass (its own
-settings: each field's metadata holds the --help text) and `run(spec, options, recorder)`.
-The harness knows nothing else about it.
+A system is a class with a `name`, an `Options` dataclass (its own settings: each field's metadata
+holds the --help text) and `run(spec, options, recorder)`; its one-line description and the packages
+it needs are in the registry (systems/__init__.py). The harness knows nothing else about it.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import dataclasses
 import typing
 from typing import Any, ClassVar, Protocol
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.core.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +22,6 @@ class NoOptions:
 
 class System(Protocol):
     name: ClassVar[str]
-    description: ClassVar[str]
     Options: ClassVar[type]
 
     def run(self, spec: RunSpec, options: Any, recorder: Recorder) -> None:

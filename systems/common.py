@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from bench.spec import RunSpec
-from workloads import Dataset, Workload, get_workload
-from workloads.sharding import ShardPlan, make_shards
+from psbench.core.errors import ConfigError
+from psbench.core.spec import RunSpec
+from psbench.workloads import Dataset, Workload, get_workload
+from psbench.workloads.sharding import ShardPlan, make_shards
 
 TRAIN_EVAL_EXAMPLES = 2048  # training metrics are measured on a fixed subset, for speed
 
@@ -129,6 +130,42 @@ def set_flat_params(model: nn.Module, flat: np.ndarray) -> None:
         n = p.numel()
         p.copy_(torch.from_numpy(np.asarray(flat[offset:offset + n])).view_as(p))
         offset += n
+
+
+def split_flat(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """One flat float32 buffer cut into arrays of the given shapes (the reverse of flat_params)."""
+    out, offset = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(np.ascontiguousarray(flat[offset:offset + n], dtype=np.float32).reshape(shape))
+        offset += n
+    if offset != len(flat):
+        raise ConfigError(f"a flat buffer of {len(flat)} values for shapes that hold {offset}")
+    return out
+
+
+def float_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The model's floating-point buffers (BatchNorm running statistics): not trained by gradients."""
+    return [b for b in model.buffers() if b.dtype.is_floating_point]
+
+
+def flat_buffers(model: nn.Module) -> np.ndarray:
+    buffers = float_buffers(model)
+    if not buffers:
+        return np.zeros(0, np.float32)
+    return np.concatenate([b.detach().numpy().reshape(-1) for b in buffers]).astype(np.float32)
+
+
+@torch.no_grad()
+def set_flat_buffers(model: nn.Module, flat: np.ndarray) -> None:
+    """Load float buffers written by flat_buffers (a Strategy-Switch hand-off, worker 0's statistics)."""
+    buffers = float_buffers(model)
+    if len(flat) != sum(b.numel() for b in buffers):
+        raise ValueError(f"{len(flat)} buffer values for a model whose buffers hold {sum(b.numel() for b in buffers)}")
+    offset = 0
+    for b in buffers:
+        b.copy_(torch.from_numpy(np.array(flat[offset:offset + b.numel()])).view_as(b))
+        offset += b.numel()
 
 
 def make_optimizer(model: nn.Module, workload: Workload, lr: float) -> torch.optim.Optimizer:

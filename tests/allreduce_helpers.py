@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.allreduce_common import FAULT_ENV, concat_batch_reference, read_state, ring_allreduce_bytes
-from systems.common import prepare
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.allreduce_common import FAULT_ENV, concat_batch_reference, read_state, ring_allreduce_bytes
+from psbench.systems.common import prepare
 
 TARGET_ACCURACY = 0.90  # mlp-digits, 2 workers, 5 epochs: validation accuracy reached (0.936 measured)
 WEIGHT_ATOL = 1e-5      # measured max |difference| 1.8e-7 after 115 steps

@@ -11,8 +11,8 @@ import atheris
 import msgpack  # (imported first: instrumenting numpy/msgpack would take minutes)
 import numpy  # noqa: F401  (not instrumented either)
 
-with atheris.instrument_imports(include=["systems.ps.protocol"]):
-    from systems.ps import protocol
+with atheris.instrument_imports(include=["psbench.systems.ps.protocol"]):
+    from psbench.systems.ps import protocol
 
 TOKEN = "t"
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from systems.ps import benchmarks
+from psbench.bench.regress import ps_benchmarks
 
 pytestmark = pytest.mark.slow
 

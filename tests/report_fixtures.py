@@ -1,4 +1,4 @@
-"""Small fixture suites for the report tests: real `single` runs through bench.runner, plus runs of
+"""Small fixture suites for the report tests: real `single` runs through the harness runner, plus runs of
 other systems written through the real Recorder (same file format) from synthetic rows."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.records import Recorder
-from bench.runner import run_all
-from bench.spec import RunSpec
-from workloads.sharding import make_shards
+from psbench.core.records import Recorder
+from psbench.bench.harness.runner import run_all
+from psbench.core.spec import RunSpec
+from psbench.workloads.sharding import make_shards
 
 T0 = 1_700_000_000.0  # a fixed training-clock origin for fixture runs
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from systems.ps.soak import soak
+from psbench.systems.ps.soak import soak
 from tests.test_ps_soak import check
 
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from bench.records import Recorder
-from bench.runner import plan
-from bench.spec import RunSpec
+from psbench.core.records import Recorder
+from psbench.bench.harness.runner import plan
+from psbench.core.spec import RunSpec
 
 HANG_BOUND_S = 240  # a liveness guard, not a performance assertion
 LOCAL2 = {"spark_master": "local[2]"}  # every test of a module reuses the module's session
@@ -18,7 +18,7 @@ LOCAL2 = {"spark_master": "local[2]"}  # every test of a module reuses the modul
 @pytest.fixture(scope="module", autouse=True)
 def spark_session():
     """One local[2] session per test module (import this fixture into the module)."""
-    from systems.spark.session import get_session, stop_session
+    from psbench.systems.spark.session import get_session, stop_session
 
     yield get_session("local[2]", 2)
     stop_session()

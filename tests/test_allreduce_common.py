@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.spec import RunSpec
-from systems.allreduce_common import (concat_batch_reference, flat_momentum, load_state, read_state, ring_allreduce_bytes,
+from psbench.core.spec import RunSpec
+from psbench.systems.allreduce_common import (concat_batch_reference, flat_momentum, load_state, read_state, ring_allreduce_bytes,
                                       run_sync, save_state)
-from systems.common import flat_params, forward_backward, make_optimizer, prepare
+from psbench.systems.common import flat_params, forward_backward, make_optimizer, prepare
 
 
 class LocalComm:

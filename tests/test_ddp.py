@@ -7,13 +7,13 @@ import pytest
 
 from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env, leftover_workers,
                                train, train_on_loopback)
-from bench.spec import RunSpec
-from systems.allreduce_launch import WorkerFailed
-from systems.base import parse_options
-from systems.ddp.adapter import DDPOptions, DDPSystem
-from workloads.errors import ConfigError
+from psbench.core.spec import RunSpec
+from psbench.systems.allreduce_launch import WorkerFailed
+from psbench.systems.base import parse_options
+from psbench.systems.ddp.adapter import DDPOptions, DDPSystem
+from psbench.core.errors import ConfigError
 
-WORKER = "systems.ddp.worker"
+WORKER = "psbench.systems.ddp.worker"
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,7 @@ def argv_of(service: str) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def psbench_subcommands() -> set[str]:
-    from bench.cli import build_parser
+    from psbench.bench.cli import build_parser
 
     parser = build_parser()
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -58,8 +58,7 @@ def psbench_subcommands() -> set[str]:
 
 def pending_reason(argv: list[str]) -> str | None:
     """Why a psbench command cannot be checked in this branch yet (its command/system is not merged)."""
-    import systems
-
+    from psbench import systems
     if argv[1] not in psbench_subcommands():
         return f"`psbench {argv[1]}` is not registered in this branch yet"
     if argv[1] == "run" and "--system" in argv and argv[argv.index("--system") + 1] not in systems.names():
@@ -117,7 +116,7 @@ def test_psbench_commands_parse(service: str, request):
     reason = pending_reason(argv)
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-    from bench.cli import _options_from_args, build_parser
+    from psbench.bench.cli import _options_from_args, build_parser
 
     parser = build_parser()
     try:

@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench import cli
-from bench.matrix import expand, load_experiment
-from bench.records import EVAL_COLUMNS, STEP_COLUMNS, Recorder
-from bench.runner import is_complete, run_all
-from bench.spec import RunSpec
-from workloads import ConfigError
+from psbench.bench import cli
+from psbench.bench.harness.matrix import expand, load_experiment
+from psbench.core.records import EVAL_COLUMNS, STEP_COLUMNS, Recorder
+from psbench.bench.harness.runner import is_complete, run_all
+from psbench.core.spec import RunSpec
+from psbench.core.errors import ConfigError
 
 
 def _run_dirs(results: Path) -> list[Path]:
@@ -78,7 +78,7 @@ def test_bad_input_is_one_clear_line_exit_2_and_nothing_written(
 
 
 def test_a_failed_run_leaves_nothing_half_written(results_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from systems.single import adapter
+    from psbench.systems.single import adapter
 
     def explode(self, spec, options, recorder):
         recorder.start_clock()

@@ -9,13 +9,13 @@ import pytest
 
 from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env, leftover_workers,
                                train, train_on_loopback)
-from bench.spec import RunSpec
-from systems.allreduce_launch import WorkerFailed
-from systems.base import parse_options
-from systems.horovod.adapter import NOT_INSTALLED, HorovodOptions, HorovodSystem
-from workloads.errors import ConfigError
+from psbench.core.spec import RunSpec
+from psbench.systems.allreduce_launch import WorkerFailed
+from psbench.systems.base import parse_options
+from psbench.systems.horovod.adapter import NOT_INSTALLED, HorovodOptions, HorovodSystem
+from psbench.core.errors import ConfigError
 
-WORKER = "systems.horovod.worker"
+WORKER = "psbench.systems.horovod.worker"
 INSTALLED = HorovodSystem.unavailable_reason() is None
 
 
@@ -57,7 +57,7 @@ def test_not_installed_is_a_clear_config_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "horovod", None)
     monkeypatch.setitem(sys.modules, "horovod.torch", None)
     assert HorovodSystem.unavailable_reason() == NOT_INSTALLED
-    from bench import cli
+    from psbench.bench import cli
 
     rc = cli.main(["run", "--system", "horovod", "--workload", "mlp-digits", "-np", "2",
                    "--results-dir", str(tmp_path / "results"), "--no-progress"])

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench import cluster, netlab
-from bench.netlab import NetLab, Role
-from workloads.errors import ConfigError
+from psbench.bench.lab import cluster, netlab
+from psbench.bench.lab.netlab import NetLab, Role
+from psbench.core.errors import ConfigError
 
 REASON = netlab.unavailable_reason()
 PY = sys.executable
@@ -50,11 +50,11 @@ def test_ps_two_servers_four_workers_on_six_hosts_by_hand(tmp_path: Path):
     common = ["--workload", "mlp-digits", "--workers", "4"]
     with NetLab(hosts=6) as lab:
         lab_id = lab.lab
-        roles = [Role(f"server{j}", j, [PY, "-m", "bench", "ps-server", "--bind", f"{{h{j}}}:{port}", "--shard-id",
+        roles = [Role(f"server{j}", j, [PY, "-m", "psbench", "ps-server", "--bind", f"{{h{j}}}:{port}", "--shard-id",
                                          str(j), "--servers", "2", "--consistency", "bsp", *common],
                       daemon=True, ready_port=port) for j in range(2)]
         servers = f"{{h0}}:{port},{{h1}}:{port}"
-        roles += [Role(f"worker{k}", 2 + k, [PY, "-m", "bench", "ps-worker", "--servers", servers, "--worker-id", str(k),
+        roles += [Role(f"worker{k}", 2 + k, [PY, "-m", "psbench", "ps-worker", "--servers", servers, "--worker-id", str(k),
                                               *common, "--max-steps", str(steps), "--init",
                                               "--out", str(tmp_path / f"w{k}.json")]) for k in range(4)]
         results = lab.run_cluster(roles, timeout=240)
@@ -156,7 +156,7 @@ def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
         name = "b"
         roles = ["worker"]
     """)
-    from bench.cli import main
+    from psbench.bench.cli import main
 
     assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir)]) == 0
     (run_dir,) = [p.parent for p in (results_dir / "local").glob("*/manifest.json")]
@@ -272,11 +272,11 @@ def test_ssh_launcher_builds_commands_and_never_runs_them(tmp_path: Path, capsys
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
     assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
-    assert argv[6].startswith("cd '/opt/psbench dir' && env PSBENCH_PS_TOKEN=t0k exec .venv/bin/python -m bench "
+    assert argv[6].startswith("cd '/opt/psbench dir' && env PSBENCH_PS_TOKEN=t0k exec .venv/bin/python -m psbench "
                               "ps-worker --servers 10.1.0.1:29500 --worker-id 0")
     with pytest.raises(ConfigError, match="--dry-run"):
         cluster.run_file(cf, tmp_path / "results")
-    from bench.cli import main
+    from psbench.bench.cli import main
 
     assert main(["run", "--cluster", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -292,7 +292,7 @@ def test_ssh_launcher_builds_commands_and_never_runs_them(tmp_path: Path, capsys
 def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
     """PS (1 server, 4 workers) vs DDP (4 ranks), every link capped at 100 Mbit/s and uncapped,
     measured side by side: under the cap the ring is several times faster, uncapped it is not."""
-    from bench.cli import main
+    from psbench.bench.cli import main
 
     before = set(netlab.list_namespaces())
     assert main(["netlab", "bench", "--quick", "--results-dir", str(tmp_path)]) == 0
@@ -310,8 +310,8 @@ def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
     # predicts the bandwidth-bound PS run within its stated error
     import os
 
-    from bench.simulate import DEFAULT_ERROR_BOUND, Calibration, measure_single, model_bytes
-    from bench.simval import validate_netlab
+    from psbench.bench.sim.simulate import DEFAULT_ERROR_BOUND, Calibration, measure_single, model_bytes
+    from psbench.bench.sim.validate import validate_netlab
 
     single = measure_single("mlp-wide-synthetic", 64, 20)
     cal = Calibration(single["step_s"], 0.0, model_bytes("mlp-wide-synthetic"), 1e9, 1e-4, cores=os.cpu_count() or 1)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import netlab
-from bench.netlab import NetLab, Role
-from workloads.errors import ConfigError
+from psbench.bench.lab import netlab
+from psbench.bench.lab.netlab import NetLab, Role
+from psbench.core.errors import ConfigError
 
 REASON = netlab.unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")]
@@ -29,9 +29,9 @@ def lab_leftovers(lab: int) -> list[str]:
 def transfer(lab: NetLab, src: int, dst: int, nbytes: int, port: int) -> dict:
     """Send nbytes over TCP from host src to host dst; the receiver's measurement (JSON)."""
     results = lab.run_cluster([
-        Role("sink", dst, [PY, "-m", "bench.netprobe", "sink", "--bind", f"{{h{dst}}}", "--port", str(port)],
+        Role("sink", dst, [PY, "-m", "psbench.bench.lab.netprobe", "sink", "--bind", f"{{h{dst}}}", "--port", str(port)],
              ready_port=port),
-        Role("source", src, [PY, "-m", "bench.netprobe", "source", "--host", f"{{h{dst}}}", "--port", str(port),
+        Role("source", src, [PY, "-m", "psbench.bench.lab.netprobe", "source", "--host", f"{{h{dst}}}", "--port", str(port),
                              "--bytes", str(nbytes)]),
     ], timeout=60)
     for r in results.values():
@@ -75,7 +75,7 @@ def test_exception_inside_the_lab_leaves_nothing_behind():
 
 
 def test_cli_up_status_down(capsys):
-    from bench.cli import main
+    from psbench.bench.cli import main
 
     lab_id = netlab.free_lab_id()
     try:
@@ -108,7 +108,7 @@ def test_run_cluster_runs_psbench_inside_a_host(tmp_path: Path):
         out = lab.run_cluster([
             Role("server", 0, [PY, "-c", listener], daemon=True, ready_port=7000),
             Role("client", 2, [PY, "-c", "import socket; socket.create_connection(('{h0}', 7000), 5); print('ok')"]),
-            Role("trainer", 1, [PY, "-m", "bench", "run", "--system", "single", "--workload", "logreg-digits",
+            Role("trainer", 1, [PY, "-m", "psbench", "run", "--system", "single", "--workload", "logreg-digits",
                                 "--max-steps", "30", "--results-dir", str(results_dir), "--suite", "netlab",
                                 "--no-progress"]),
         ], timeout=120)

@@ -11,14 +11,14 @@ import numpy as np
 import psutil
 import pytest
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.common import child_env, prepare
-from systems.ps import checkpoint, protocol
-from systems.ps.adapter import PSOptions, run_ps_phase
-from systems.ps.launch import Cluster, LaunchError
-from systems.ps.worker import ADMIN, KVWorker
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.common import child_env, prepare
+from psbench.systems.ps import checkpoint, protocol
+from psbench.systems.ps.adapter import PSOptions, run_ps_phase
+from psbench.systems.ps.launch import Cluster, LaunchError
+from psbench.systems.ps.worker import ADMIN, KVWorker
+from psbench.core.errors import ConfigError
 
 TOKEN = "faults"
 SHAPES = [(4, 3), (3,)]
@@ -181,13 +181,13 @@ def test_register_hands_out_each_id_once_then_refuses():
 def test_ps_worker_auto_id_by_hand(tmp_path):
     """The docker path: ps-server, then workers with --worker-id auto writing {worker}-named files."""
     env = child_env({"PSBENCH_PS_TOKEN": TOKEN})
-    server = subprocess.Popen([sys.executable, "-m", "systems.ps.server", "--bind", "127.0.0.1:0",
+    server = subprocess.Popen([sys.executable, "-m", "psbench.systems.ps.server", "--bind", "127.0.0.1:0",
                                "--workers", "2", "--workload", "mlp-digits", "--checkpoint-dir", str(tmp_path / "ck")],
                               env=env, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
         address = re.search(r"listening on (\S+)", line).group(1)
-        workers = [subprocess.Popen([sys.executable, "-m", "systems.ps.worker", "--servers", address,
+        workers = [subprocess.Popen([sys.executable, "-m", "psbench.systems.ps.worker", "--servers", address,
                                      "--worker-id", "auto", "--workers", "2", "--workload", "mlp-digits", "--init",
                                      "--max-steps", "5", "--out", str(tmp_path / "w{worker}.json")],
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -211,8 +211,8 @@ def test_ps_worker_auto_id_by_hand(tmp_path):
 
 def test_ps_server_accepts_an_explicit_all_interfaces_bind():
     """Parse only (tests never listen beyond loopback); the adapter's own launches keep the guard."""
-    from bench.cli import build_parser
-    from systems.ps.server import split_address
+    from psbench.bench.cli import build_parser
+    from psbench.systems.ps.server import split_address
 
     args = build_parser().parse_args(["ps-server", "--bind", "0.0.0.0:5555", "--workers", "2", "--lr", "0.1"])
     assert split_address(args.bind) == ("0.0.0.0", 5555)

@@ -24,10 +24,10 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from systems.common import child_env
-from systems.ps import protocol
-from systems.ps.launch import Cluster
-from systems.ps.worker import ADMIN, KVWorker
+from psbench.systems.common import child_env
+from psbench.systems.ps import protocol
+from psbench.systems.ps.launch import Cluster
+from psbench.systems.ps.worker import ADMIN, KVWorker
 
 TOKEN = "fuzz-token"
 SHAPES = [(32, 16), (32,)]  # every tensor >= 128 bytes: a random frame of <= 64 bytes never fits one

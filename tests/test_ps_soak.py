@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import psutil
 
-from systems.ps.soak import soak
+from psbench.systems.ps.soak import soak
 
 MAX_GROWTH_MB = 50.0
 

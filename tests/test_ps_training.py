@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from async_helpers import check_async_learned
-from bench.cli import main as cli_main
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.common import flat_params, forward_backward, make_optimizer, prepare
-from systems.ps.adapter import PSOptions, run_ps_phase
-from systems.ps.launch import LaunchError
+from psbench.bench.cli import main as cli_main
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.common import flat_params, forward_backward, make_optimizer, prepare
+from psbench.systems.ps.adapter import PSOptions, run_ps_phase
+from psbench.systems.ps.launch import LaunchError
 
 
 
@@ -120,9 +120,9 @@ def test_ctrl_c_stops_every_process(tmp_path):
     import sys
     import time
 
-    from systems.common import child_env
+    from psbench.systems.common import child_env
 
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
+    proc = subprocess.Popen([sys.executable, "-m", "psbench.bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
                              "-np", "2", "--epochs", "200", "--results-dir", str(tmp_path), "--no-progress"],
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parent = psutil.Process(proc.pid)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from systems.base import parse_options
-from systems.ps import protocol
-from systems.ps.adapter import PSOptions
-from systems.ps.partition import partition_keys
-from systems.ps.policies import DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation, resolve_lr
-from systems.ps.server import SGD, Shard
-from workloads.errors import ConfigError
+from psbench.systems.base import parse_options
+from psbench.systems.ps import protocol
+from psbench.systems.ps.adapter import PSOptions
+from psbench.systems.ps.partition import partition_keys
+from psbench.systems.ps.policies import DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation, resolve_lr
+from psbench.systems.ps.server import SGD, Shard
+from psbench.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def test_decode_rejects_oversize_and_wrong_token():
 
 def test_no_pickle_in_ps_package():
     """Every module on a PS network path: the ps package and the network probe."""
-    paths = [*(ROOT / "systems" / "ps").rglob("*.py"), ROOT / "bench" / "netprobe.py"]
+    paths = [*(ROOT / "systems" / "ps").rglob("*.py"), ROOT / "bench" / "lab" / "netprobe.py"]
     assert len(paths) >= 10
     for path in paths:
         text = path.read_text()

@@ -9,9 +9,9 @@ import numpy as np
 import psutil
 import zmq
 
-from systems.ps import protocol
-from systems.ps.launch import Cluster
-from systems.ps.worker import KVWorker
+from psbench.systems.ps import protocol
+from psbench.systems.ps.launch import Cluster
+from psbench.systems.ps.worker import KVWorker
 
 TOKEN = "s3cret"
 SHAPES = [(4, 3), (3,)]
@@ -79,18 +79,18 @@ def test_role_commands_by_hand(tmp_path):
     import subprocess
     import sys
 
-    from systems.common import child_env
+    from psbench.systems.common import child_env
 
     with socket.socket() as s:  # a free port for the operator's --bind
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = child_env({"PSBENCH_PS_TOKEN": TOKEN})
-    server = subprocess.Popen([sys.executable, "-m", "bench.cli", "ps-server", "--bind", f"127.0.0.1:{port}",
+    server = subprocess.Popen([sys.executable, "-m", "psbench.bench.cli", "ps-server", "--bind", f"127.0.0.1:{port}",
                                "--workers", "1", "--workload", "logreg-digits", "--consistency", "ssp:1"],
                               env=env, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         out = tmp_path / "w0.json"
-        worker = subprocess.run([sys.executable, "-m", "bench.cli", "ps-worker", "--servers", f"127.0.0.1:{port}",
+        worker = subprocess.run([sys.executable, "-m", "psbench.bench.cli", "ps-worker", "--servers", f"127.0.0.1:{port}",
                                  "--worker-id", "0", "--workload", "logreg-digits", "--max-steps", "20", "--init",
                                  "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
         assert worker.returncode == 0, worker.stderr[-2000:]

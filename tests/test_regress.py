@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-import bench.regress as regress
-from bench.cli import main
-from bench.regress import DEFAULT_BASELINE, RATIO_BENCHMARKS, Measured, Ratio, compare, load_baseline, resolve
+import psbench.bench.regress.check as regress
+from psbench.bench.cli import main
+from psbench.bench.regress.check import DEFAULT_BASELINE, RATIO_BENCHMARKS, Measured, Ratio, compare, load_baseline, resolve
 
 BASE = {"default_tolerance": 0.25, "metrics": {
     "ps.samples_vs_single": {"value": 2.0, "tolerance": 0.25},
@@ -45,10 +45,10 @@ def test_direction_tolerance_override_and_unmatched_metrics():
 
 @pytest.fixture
 def fake_benchmark(tmp_path, monkeypatch):
-    """A registry entry in module form (every ratio_* function), as systems/ps/benchmarks.py will be."""
+    """A registry entry in module form (every ratio_* function), as bench/regress/ps_benchmarks.py will be."""
     (tmp_path / "fakebench.py").write_text(textwrap.dedent("""
         import os
-        from bench.regress import Ratio
+        from psbench.bench.regress.check import Ratio
         def ratio_throughput(quick=False):
             return {"vs_single": float(os.environ["FAKE_RATIO"])}
         def ratio_latency():

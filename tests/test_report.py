@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.cli import main
-from bench.plots import PALETTE, PLOTS, Styles, system_colour
-from bench.report import build_report, sharding_table, summary_table
-from bench.results import load_suite
+from psbench.bench.cli import main
+from psbench.bench.report.plots import PALETTE, PLOTS, Styles, system_colour
+from psbench.bench.report.document import build_report, sharding_table, summary_table
+from psbench.bench.harness.results import load_suite
 from report_fixtures import build_fixture_suite
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 SYSTEMS = ["single", "ps", "ddp", "strategy-switch"]
 
@@ -144,14 +144,13 @@ def test_staging_dirs_are_ignored_and_a_results_root_is_explained(suite_copy):
 
 
 def test_bench_writes_a_report_for_each_suite(tmp_path, monkeypatch):
-    import bench.cli
-
+    from psbench.bench import cli
     experiments = tmp_path / "experiments"
     experiments.mkdir()
     (experiments / "tiny.toml").write_text(
         'suite = "tiny"\n[matrix]\nsystem = ["single"]\nworkload = ["logreg-digits"]\nseed = [0, 1]\n'
         '[settings]\nmax_steps = 4\nevals_per_epoch = 1\n')
-    monkeypatch.setattr(bench.cli, "EXPERIMENTS_DIR", experiments)
+    monkeypatch.setattr(cli, "EXPERIMENTS_DIR", experiments)
     assert main(["bench", "--results-dir", str(tmp_path / "results"), "--no-progress"]) == 0
     md = (tmp_path / "results" / "tiny" / "report.md").read_text()
     assert "single" in md and "time_to_accuracy.png" in md

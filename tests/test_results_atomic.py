@@ -14,14 +14,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import bench.atomic
-import bench.records
-from bench.cli import main as cli_main
-from bench.records import Recorder
-from bench.results import load_suite
-from bench.runner import clean_staging, is_complete
-from bench.spec import RunSpec
-from systems.common import child_env
+from psbench.core import atomic
+from psbench.core import records
+from psbench.bench.cli import main as cli_main
+from psbench.core.records import Recorder
+from psbench.bench.harness.results import load_suite
+from psbench.bench.harness.runner import clean_staging, is_complete
+from psbench.core.spec import RunSpec
+from psbench.systems.common import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_FILES = {"manifest.json", "steps.csv", "evals.csv", "events.csv"}
@@ -54,7 +54,7 @@ def test_interrupt_between_file_writes_keeps_the_previous_run(results_dir, monke
     old = recorder(spec, 1.0).finish(results_dir, "s")
     before = snapshot(old.out_dir)
     calls = {"n": 0}
-    real = bench.records.atomic_write_csv
+    real = records.atomic_write_csv
 
     def flaky(path, frame):
         calls["n"] += 1
@@ -62,7 +62,7 @@ def test_interrupt_between_file_writes_keeps_the_previous_run(results_dir, monke
             raise KeyboardInterrupt
         real(path, frame)
 
-    monkeypatch.setattr(bench.records, "atomic_write_csv", flaky)
+    monkeypatch.setattr(records, "atomic_write_csv", flaky)
     with pytest.raises(KeyboardInterrupt):
         recorder(spec, 2.0).finish(results_dir, "s")
     assert snapshot(old.out_dir) == before  # the complete previous state, untouched
@@ -88,10 +88,10 @@ def test_interrupt_inside_the_final_rename_is_repaired(results_dir, monkeypatch)
         calls["n"] += 1
         real(src, dst)
 
-    monkeypatch.setattr(bench.atomic.os, "replace", flaky)
+    monkeypatch.setattr(atomic.os, "replace", flaky)
     with pytest.raises(KeyboardInterrupt):
         recorder(spec, 2.0).finish(results_dir, "s")
-    monkeypatch.setattr(bench.atomic.os, "replace", real)
+    monkeypatch.setattr(atomic.os, "replace", real)
     assert not old.out_dir.exists()
     clean_staging(results_dir, "s")
     assert snapshot(old.out_dir) == before
@@ -99,7 +99,7 @@ def test_interrupt_inside_the_final_rename_is_repaired(results_dir, monkeypatch)
 
 
 def _psbench(args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench.cli", *args], env=child_env(), cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "psbench.bench.cli", *args], env=child_env(), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
 
 

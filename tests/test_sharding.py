@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workloads import ConfigError, load_dataset
-from workloads.sharding import make_shards
+from psbench.core.errors import ConfigError
+from psbench.workloads import load_dataset
+from psbench.workloads.sharding import make_shards
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.simulate import (PRESETS, Calibration, MeasuredRun, Scenario, calibrate, measured_from_results, project,
+from psbench.bench.sim.simulate import (PRESETS, Calibration, MeasuredRun, Scenario, calibrate, measured_from_results, project,
                             validate)
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 # Hand case: a = 0, t = 1 ms/sample, b = 100 -> T_c = 0.1 s; M = 1 MB, B = 100 MB/s -> M/B = 10 ms;
 # r = 1 ms; Spark J = 50 ms, j = 2 ms.
@@ -88,7 +88,7 @@ def test_calibrated_model_predicts_measured_single_runs(results_dir: Path):
     """Calibrate on batch 32 and 128, predict held-out runs at batch 64 that the harness measured
     (interleaved with the calibration runs, so a busy shared machine slows all alike). Step time is
     not exactly linear in batch size (caches), so the calibration points bracket the prediction."""
-    from bench.simulate import measure_compute_points
+    from psbench.bench.sim.simulate import measure_compute_points
 
     workload = "cnn-mnist1d"
     points = measure_compute_points(workload, (32, 64, 128), steps=150, repeats=5, results_dir=results_dir)
@@ -105,7 +105,7 @@ def test_calibrated_model_predicts_measured_single_runs(results_dir: Path):
 
 
 def test_simulate_cli_writes_plot_and_table(tmp_path: Path, capsys):
-    from bench.cli import main
+    from psbench.bench.cli import main
 
     cal_file = tmp_path / "cal.json"
     cal_file.write_text(HAND.to_json())

@@ -1,12 +1,12 @@
-"""How bench/simval.py feeds the bandwidth experiment's rows to the scale model (no processes). The
+"""How bench/sim/validate.py feeds the bandwidth experiment's rows to the scale model (no processes). The
 model against measured runs: tests/test_multihost.py::test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from bench.simulate import Calibration
-from bench.simval import netlab_runs, validate_netlab
+from psbench.bench.sim.simulate import Calibration
+from psbench.bench.sim.validate import netlab_runs, validate_netlab
 
 def test_netlab_rows_use_the_measured_link_goodput():
     cal = Calibration(0.0, 1e-4, 4_000_000, 1e9, 1e-4, cores=2)

@@ -28,7 +28,7 @@ def test_trains_mlp_digits_with_two_workers_and_records_overheads():
 
 
 def test_gradient_message_round_trips():
-    from systems.spark.barrier import decode, encode
+    from psbench.systems.spark.barrier import decode, encode
 
     grad = np.random.default_rng(0).normal(size=1000).astype(np.float32)
     back, n, loss = decode(encode(grad, 7, 0.25))

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.spec import RunSpec
+from psbench.core.spec import RunSpec
 from spark_helpers import LOCAL2, final_val_accuracy, run_system, spark_session  # noqa: F401 (the module's session)
-from systems.common import prepare
+from psbench.systems.common import prepare
 
 pytestmark = pytest.mark.spark
 
@@ -66,7 +66,7 @@ def test_failing_task_is_one_clear_error():
 
 
 def test_ratio_benchmark_measures_both_systems_in_one_run():
-    from systems.spark.benchmarks import ratio_spark_mllib_step_vs_single
+    from psbench.bench.regress.spark_benchmarks import ratio_spark_mllib_step_vs_single
 
     out = ratio_spark_mllib_step_vs_single(steps=6)
     assert set(out) == {"single_step_s", "spark_mllib_step_s", "ratio", "ratio_mean_step"}

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.spec import RunSpec
-from systems import get_system
-from systems.base import parse_options
-from systems.common import prepare
-from systems.spark.partitions import common_steps, shard_blocks
-from systems.spark.session import error_line, parse_conf
-from workloads.errors import ConfigError
+from psbench.core.spec import RunSpec
+from psbench.systems import get_system
+from psbench.systems.base import parse_options
+from psbench.systems.common import prepare
+from psbench.systems.spark.partitions import common_steps, shard_blocks
+from psbench.systems.spark.session import error_line, parse_conf
+from psbench.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("sharding", ["random", "stratified"])

@@ -10,15 +10,15 @@ import pandas as pd
 import pytest
 
 from async_helpers import ASYNC_ACCURACY, check_async_learned
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems import get_system
-from systems.allreduce_common import concat_batch_reference
-from systems.base import parse_options
-from systems.common import child_env
-from systems.switch import adapter as switch_adapter
-from systems.switch.adapter import SwitchOptions, SwitchSystem
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems import get_system
+from psbench.systems.allreduce_common import concat_batch_reference
+from psbench.systems.base import parse_options
+from psbench.systems.common import child_env
+from psbench.systems.switch import adapter as switch_adapter
+from psbench.systems.switch.adapter import SwitchOptions, SwitchSystem
+from psbench.core.errors import ConfigError
 
 TARGET_ACCURACY = ASYNC_ACCURACY  # switch at 40%: 0.88-0.94 measured (pure ddp 0.936); the async phase
 #                                  varies with scheduling, so the bar is the PS async tests' (async_helpers)
@@ -146,7 +146,7 @@ def test_bad_options_are_config_errors(raw, message):
 
 
 def test_cli_bad_criterion_exits_2_with_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench", "run", "--system", "switch", "--workload", "mlp-digits",
+    proc = subprocess.run([sys.executable, "-m", "psbench", "run", "--system", "switch", "--workload", "mlp-digits",
                            "-np", "2", "--criterion", "plateau:window=x", "--results-dir", str(tmp_path)],
                           capture_output=True, text=True, env=child_env(), timeout=120)
     assert proc.returncode == 2

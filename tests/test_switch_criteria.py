@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from systems.switch.criteria import FixedPoint, LossPlateau, LossVariance, Observation, describe, parse_criterion
-from workloads import ConfigError
+from psbench.systems.switch.criteria import FixedPoint, LossPlateau, LossVariance, Observation, describe, parse_criterion
+from psbench.core.errors import ConfigError
 
 
 def _first_switch(criterion, losses, steps_per_epoch: int = 50) -> int | None:

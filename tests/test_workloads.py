@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from workloads import WORKLOADS, ConfigError, get_workload, load_dataset
-from workloads.datasets import make_synthetic, read_idx
-from workloads.models import build_model
+from psbench.core.errors import ConfigError
+from psbench.workloads import WORKLOADS, get_workload, load_dataset
+from psbench.workloads.datasets import make_synthetic, read_idx
+from psbench.workloads.models import build_model
 
 
 @pytest.mark.parametrize("name", ["digits", "mnist1d", "higgs-synthetic", "skewed-synthetic", "cifar-synthetic"])
@@ -122,8 +123,8 @@ def test_cifar10_binary_loader_reads_files_the_test_writes(tmp_path: Path) -> No
 
 
 def test_a_workloads_split_is_fixed_so_seeds_vary_only_init_shards_and_order() -> None:
-    from bench.spec import RunSpec
-    from systems.common import prepare
+    from psbench.core.spec import RunSpec
+    from psbench.systems.common import prepare
 
     a, b = prepare(RunSpec("single", "mlp-digits", seed=0)), prepare(RunSpec("single", "mlp-digits", seed=1))
     assert np.array_equal(a.data.x_val, b.data.x_val) and np.array_equal(a.data.y_train, b.data.y_train)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 
 class LogisticRegression(nn.Module):

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torch import nn
+from psbench.core.errors import ConfigError
+from psbench.workloads.datasets import Dataset, load_dataset
 
-from workloads.datasets import Dataset, load_dataset
-from workloads.errors import ConfigError
-from workloads.models import build_model
+if TYPE_CHECKING:  # torch loads when a model is built, so `psbench list` and `--help` stay light
+    from torch import nn
 
 
 DATA_SEED = 0
@@ -40,9 +41,13 @@ class Workload:
         return load_dataset(self.dataset, seed, Path(data_dir) if data_dir else None)
 
     def build_model(self, data: Dataset, seed: int) -> nn.Module:
+        from psbench.workloads.models import build_model
+
         return build_model(self.model, data.input_shape, data.n_classes, seed, **self.model_options)
 
     def loss_fn(self) -> nn.Module:
+        from torch import nn
+
         return nn.CrossEntropyLoss()
 
 

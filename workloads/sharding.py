@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 STRATEGIES = ("random", "stratified", "distribution-aware:k")
 KMEANS_MAX_ITER = 150  # as in the paper

@@ -4,16 +4,16 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.allreduce_launch import run_job
-from systems.base import option
-from systems.common import child_env, prepare
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.core.supervisor import Supervisor
+from psbench.systems.allreduce_launch import run_job
+from psbench.systems.base import option
+from psbench.systems.common import child_env, prepare
+from psbench.core.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,6 @@ def is_loopback(addr: str) -> bool:
 
 class DDPSystem:
     name = "ddp"
-    description = "torch DistributedDataParallel over gloo, N worker processes (ring allreduce)"
     Options = DDPOptions
 
     @classmethod
@@ -68,7 +67,7 @@ class DDPSystem:
         return None
 
     def run(self, spec: RunSpec, options: DDPOptions, recorder: Recorder, state_out: Path | None = None,
-            worker_module: str = "systems.ddp.worker", worker_args: tuple[str, ...] = ()) -> None:
+            worker_module: str = "psbench.systems.ddp.worker", worker_args: tuple[str, ...] = ()) -> None:
         """Train; rank 0's final flat weights, momentum and buffers go to `state_out` (npy) when given.
         `worker_module` (taking systems.ddp.worker's arguments plus `worker_args`) lets a
         Strategy-Switch run the same ranks with a stop criterion."""
@@ -83,7 +82,7 @@ class DDPSystem:
         listener = bind_store_socket(options.master_addr, options.master_port) if 0 in ranks else None
         port = listener.getsockname()[1] if listener else options.master_port
 
-        def launch(job: Path, procs: list[subprocess.Popen]) -> None:
+        def launch(job: Path, sup: Supervisor) -> None:
             for rank in ranks:
                 cmd = [sys.executable, "-m", worker_module, "--job", str(job), "--rank", str(rank),
                        "--world", str(spec.workers), "--master-addr", options.master_addr,
@@ -92,9 +91,8 @@ class DDPSystem:
                 if rank == 0 and listener is not None:
                     cmd += ["--listen-fd", str(listener.fileno())]
                     fds = (listener.fileno(),)
-                with open(job / f"rank{rank}.log", "wb") as log:
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, pass_fds=fds))
+                sup.spawn(f"rank{rank}", cmd, env=env, log_path=job / f"rank{rank}.log", new_session=False,
+                          pass_fds=fds)
             if listener is not None:
                 listener.close()  # rank 0 holds its own copy now
 

@@ -1,4 +1,4 @@
-"""One DDP rank: `python -m systems.ddp.worker --job DIR --rank R --world N --master-addr A --master-port P`.
+"""One DDP rank: `python -m psbench.systems.ddp.worker --job DIR --rank R --world N --master-addr A --master-port P`.
 Gradients move by DistributedDataParallel's bucketed gloo allreduce, overlapped with backward."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from systems.allreduce_common import exit_now, worker_main
+from psbench.systems.allreduce_common import exit_now, worker_main
 
 
 class DDPComm:
@@ -42,7 +42,7 @@ class DDPComm:
         dist.destroy_process_group()
 
 
-def build_parser(prog: str = "python -m systems.ddp.worker") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m psbench.systems.ddp.worker") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--job", type=Path, required=True)
     p.add_argument("--rank", type=int, required=True)

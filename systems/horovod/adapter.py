@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.allreduce_launch import run_job
-from systems.base import option
-from systems.common import child_env, prepare
-from systems.horovod.run import LOOPBACK_ENV
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.core.supervisor import Supervisor
+from psbench.systems.allreduce_launch import run_job
+from psbench.systems.base import option
+from psbench.systems.common import child_env, prepare
+from psbench.systems.horovod.run import LOOPBACK_ENV
+from psbench.core.errors import ConfigError
 
 NOT_INSTALLED = "horovod is not installed: run `make horovod`"
 
@@ -36,12 +36,12 @@ def horovodrun_command(local: bool) -> list[str]:
     """horovodrun of this interpreter's environment. For localhost-only runs it goes through
     systems.horovod.run, the same command line with horovodrun's servers bound to 127.0.0.1."""
     if local:
-        return [sys.executable, "-m", "systems.horovod.run"]
+        return [sys.executable, "-m", "psbench.systems.horovod.run"]
     beside = Path(sys.executable).parent / "horovodrun"
     if beside.exists():
         return [str(beside)]
     found = shutil.which("horovodrun")
-    return [found] if found else [sys.executable, "-m", "systems.horovod.run"]
+    return [found] if found else [sys.executable, "-m", "psbench.systems.horovod.run"]
 
 
 def is_local(hosts: str) -> bool:
@@ -50,7 +50,6 @@ def is_local(hosts: str) -> bool:
 
 class HorovodSystem:
     name = "horovod"
-    description = "Horovod (horovod.torch DistributedOptimizer, gloo), launched by horovodrun"
     Options = HorovodOptions
 
     @classmethod
@@ -74,12 +73,10 @@ class HorovodSystem:
         extra = ["--network-interfaces", "lo"] if local else []
         env = child_env({"HOROVOD_GLOO_IFACE": "lo", LOOPBACK_ENV: "1"} if local else None)
 
-        def launch(job: Path, procs: list[subprocess.Popen]) -> None:
+        def launch(job: Path, sup: Supervisor) -> None:
             cmd = horovodrun_command(local) + ["--gloo", "-np", str(spec.workers), "-H", hosts, *extra,
-                                          sys.executable, "-m", "systems.horovod.worker", "--job", str(job)]
-            with open(job / "horovodrun.log", "wb") as log:
-                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL))
+                                          sys.executable, "-m", "psbench.systems.horovod.worker", "--job", str(job)]
+            sup.spawn("horovodrun", cmd, env=env, log_path=job / "horovodrun.log", new_session=False)
 
         # One horovodrun process runs every rank; the ranks' files live in the job directory.
         run_job(self.name, spec, recorder, launch, options.timeout_s, list(range(spec.workers)), state_out,

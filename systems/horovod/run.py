@@ -1,4 +1,4 @@
-"""horovodrun, kept on loopback: `python -m systems.horovod.run ARGS` runs horovodrun's own command
+"""horovodrun, kept on loopback: `python -m psbench.systems.horovod.run ARGS` runs horovodrun's own command
 line (horovod.runner.launch) with ARGS. With PSBENCH_HOROVOD_LOOPBACK=1 (the adapter sets it for
 localhost-only runs) horovodrun's rendezvous and helper HTTP servers bind 127.0.0.1 instead of every
 interface (Horovod's find_port binds ('', port)); nothing else about horovodrun changes."""

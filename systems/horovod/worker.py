@@ -1,4 +1,4 @@
-"""One Horovod rank, started by `horovodrun --gloo -np N -H ... python -m systems.horovod.worker --job DIR`.
+"""One Horovod rank, started by `horovodrun --gloo -np N -H ... python -m psbench.systems.horovod.worker --job DIR`.
 Gradients move by hvd.DistributedOptimizer's allreduce (average), started from per-parameter hooks."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from systems.allreduce_common import exit_now, worker_main
+from psbench.systems.allreduce_common import exit_now, worker_main
 
 
 class HorovodComm:
@@ -43,7 +43,7 @@ class HorovodComm:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m systems.horovod.worker")
+    p = argparse.ArgumentParser(prog="python -m psbench.systems.horovod.worker")
     p.add_argument("--job", type=Path, required=True)
     args = p.parse_args(argv)
     # horovodrun sets HOROVOD_RANK before hvd.init(); it names the rank of an early failure.

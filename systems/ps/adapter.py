@@ -23,16 +23,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.base import option
-from systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, prepare, record_evals,
-                            set_flat_params)
-from systems.ps.launch import Cluster, Faults
-from systems.ps.partition import partition_keys
-from systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr
-from systems.ps.worker import ADMIN, KVWorker
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.base import option
+from psbench.systems.common import (Prepared, configure_threads, evaluate_splits, flat_buffers, flat_params, prepare,
+                                    record_evals, set_flat_buffers, set_flat_params, split_flat)
+from psbench.systems.ps.launch import Cluster, Faults
+from psbench.systems.ps.partition import partition_keys
+from psbench.systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr
+from psbench.systems.ps.worker import ADMIN, KVWorker
+from psbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class PSOptions:
             raise ConfigError("token must not be empty")
         if not (self.worker_timeout_s > 0 and self.retry_s > 0):
             raise ConfigError(f"worker_timeout_s and retry_s must be > 0, got {self.worker_timeout_s}, {self.retry_s}")
-        from systems.ps.checkpoint import parse_interval
+        from psbench.systems.ps.checkpoint import parse_interval
 
         parse_interval(self.checkpoint_every)
         self.faults(None)  # the syntax now; the worker index once the worker count is known
@@ -129,41 +129,6 @@ class PhaseResult:
     buffers: np.ndarray | None = None  # worker 0's final BatchNorm statistics (for a later phase)
 
 
-def _split(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
-    out, offset = [], 0
-    for shape in shapes:
-        n = math.prod(shape)
-        out.append(np.ascontiguousarray(flat[offset:offset + n], dtype=np.float32).reshape(shape))
-        offset += n
-    if offset != len(flat):
-        raise ConfigError(f"initial parameters have {len(flat)} values, the model needs {offset}")
-    return out
-
-
-def _float_buffers(model) -> list:
-    return [b for b in model.buffers() if b.dtype.is_floating_point]
-
-
-def _flat_buffers(model) -> np.ndarray:
-    buffers = _float_buffers(model)
-    if not buffers:
-        return np.zeros(0, np.float32)
-    return np.concatenate([b.detach().numpy().reshape(-1) for b in buffers]).astype(np.float32)
-
-
-def _set_flat_buffers(model, flat: np.ndarray) -> None:
-    """BatchNorm running statistics from worker 0 (the PS trains parameters, not buffers)."""
-    import torch
-
-    offset = 0
-    with torch.no_grad():
-        for b in _float_buffers(model):
-            n = b.numel()
-            if offset + n <= len(flat):
-                b.copy_(torch.from_numpy(np.array(flat[offset:offset + n])).view_as(b))
-            offset += n
-
-
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
                  fail_worker_at: tuple[int, int] | None = None, init_buffers: np.ndarray | None = None,
@@ -214,9 +179,9 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                               consistency=options.consistency) as cluster:
         addresses = cluster.start_servers(server_args)
         with KVWorker(addresses, ADMIN, shapes, token) as admin:
-            admin.init(_split(flat0, shapes), step=start_step)
+            admin.init(split_flat(flat0, shapes), step=start_step)
             if init_momentum is not None and opt.momentum:
-                admin.init(_split(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
+                admin.init(split_flat(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
             cluster.start_workers(worker_args, addresses, extra)
             if before_go is not None:
                 before_go(admin)
@@ -248,8 +213,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                                  cols["n_samples"], cols["loss"], cols["staleness"], cols["bytes"])])
             steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
         if init_buffers is not None and len(init_buffers):
-            _set_flat_buffers(model, init_buffers)
-        buffers0 = _flat_buffers(model)
+            set_flat_buffers(model, init_buffers)
+        buffers0 = flat_buffers(model)
         evals = [(start_step, t_start, np.concatenate([flat0, buffers0]))]
         rep0 = reports.get(0)
         if rep0 is not None:
@@ -258,7 +223,7 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
         for step, t_wall, flat in evals:
             set_flat_params(model, flat[:len(flat0)])
-            _set_flat_buffers(model, flat[len(flat0):])
+            set_flat_buffers(model, flat[len(flat0):])
             record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=t_wall)
     ps_extra = recorder.extra.setdefault("ps", {"phases": []})
     ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
@@ -272,7 +237,6 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
 
 class PSSystem:
     name = "ps"
-    description = "parameter server: S shard processes, N workers over zmq; bsp / asp / ssp:S, staleness mitigations"
     Options = PSOptions
 
     @classmethod

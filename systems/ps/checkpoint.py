@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.atomic import atomic_write, atomic_write_json
-from workloads.errors import ConfigError
+from psbench.core.atomic import atomic_write, atomic_write_json
+from psbench.core.errors import ConfigError
 
 FORMAT = 1
 

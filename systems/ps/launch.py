@@ -1,8 +1,8 @@
 """Start S server shards and N workers as OS processes on this machine, coordinate them over a small
 control socket, and always stop them: on success, on a worker's failure and on Ctrl-C.
 
-Every child runs in its own process group (start_new_session) and gets env=child_env(). Stopping
-is SIGTERM to the group, a grace period, then SIGKILL. Children also exit by themselves when the
+Every child is started by the one process supervisor (psbench.core.supervisor) in its own session
+with env=child_env(); stopping is SIGTERM to its tree, a grace period, then SIGKILL. Children also exit by themselves when the
 launcher disappears (they watch their parent pid), so even a SIGKILLed launcher leaves no orphans
 for long.
 
@@ -14,8 +14,6 @@ Control messages (same wire format as the shards, msgpack + raw frames, no pickl
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,54 +24,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from systems.common import child_env
-from systems.ps import protocol
-
-STOP_GRACE_S = 3.0
-
+from psbench.core.supervisor import Child, Supervisor, describe_exit, stop_tree
+from psbench.systems.common import child_env
+from psbench.systems.ps import protocol
 
 class LaunchError(RuntimeError):
     """A server or worker process failed; the message names it and quotes its last log lines."""
-
-
-@dataclass
-class Child:
-    role: str  # "server" or "worker"
-    index: int
-    proc: subprocess.Popen
-    log_path: Path
-    handled: bool = False  # its death was dealt with (worker lost, server restarted): not an error
-
-    @property
-    def name(self) -> str:
-        return f"ps {self.role} {self.index}"
-
-    def log_tail(self, n: int = 15) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
-
-
-def stop(children: list[Child], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM every live child's process group, wait up to grace_s, then SIGKILL what is left."""
-    live = [c for c in children if c.proc.poll() is None]
-    for c in live:
-        try:
-            os.killpg(c.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    for c in live:
-        try:
-            c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(c.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            c.proc.wait()
 
 
 @dataclass
@@ -101,22 +57,6 @@ class Faults:
     kill_server: tuple[int, int | None, float | None] | None = None
 
 
-def describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 class Cluster:
     """`with Cluster(...) as c:` start_servers -> (init) -> start_workers -> go -> collect -> shutdown."""
 
@@ -127,7 +67,6 @@ class Cluster:
         self.ready_timeout_s = ready_timeout_s
         self.faults = faults or Faults()
         self.consistency = consistency
-        self.children: list[Child] = []
         # What the launcher learns while training runs (for fault handling and the run's record).
         self.events: list[dict[str, Any]] = []         # kind, t (epoch s), step, worker, detail
         self.partial_rows: dict[int, dict[str, list]] = {}  # rows a worker sent before it finished
@@ -143,12 +82,17 @@ class Cluster:
         self._killed_server = False
         self._killed_worker = False
         self.log_dir = Path(tempfile.mkdtemp(prefix="psbench-ps-"))
+        self.supervisor = Supervisor(self.log_dir)
         self.ctx = zmq.Context.instance()
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
         port = self.control.bind_to_random_port("tcp://127.0.0.1")
         self.control_address = f"tcp://127.0.0.1:{port}"
         self.worker_idents: dict[int, bytes] = {}
+
+    @property
+    def children(self) -> list[Child]:
+        return self.supervisor.children
 
     def __enter__(self) -> "Cluster":
         return self
@@ -157,7 +101,7 @@ class Cluster:
         self.close()
 
     def close(self) -> None:
-        stop(self.children)
+        self.supervisor.stop()
         self.control.close()
         for path in self.log_dir.glob("*.log"):
             path.unlink(missing_ok=True)
@@ -167,14 +111,9 @@ class Cluster:
             pass
 
     def _spawn(self, role: str, index: int, argv: list[str]) -> Child:
-        log_path = self.log_dir / f"{role}-{index}.log"
         env = child_env({"PSBENCH_PS_TOKEN": self.token} if self.token else None)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, *argv], env=env, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        child = Child(role, index, proc, log_path)
-        self.children.append(child)
-        return child
+        return self.supervisor.spawn(f"ps {role} {index}", [sys.executable, *argv], env=env, role=role, index=index,
+                                     log_path=self.log_dir / f"{role}-{index}.log")
 
     def _event(self, kind: str, step: int | None = None, worker: int | None = None, **detail: Any) -> None:
         self.events.append({"kind": kind, "t": time.time(), "step": step, "worker": worker, "detail": detail})
@@ -233,8 +172,7 @@ class Cluster:
             self._event("worker_killed", step=self.worker_step.get(index), worker=index, injected=True)
         else:
             self._event("server_killed", shard=index, version=self.server_version.get(index), injected=True)
-        _kill(child.proc)
-        child.proc.wait()
+        stop_tree([child.proc], grace_s=0)  # a real SIGKILL, no warning
 
     def _bookkeep(self, msg: protocol.Message) -> bool:
         """Progress reports and restarted shards; True if the message was consumed here."""
@@ -288,7 +226,7 @@ class Cluster:
 
     # ---- the phases ---------------------------------------------------------------------------
     def _spawn_server(self, j: int, port: int, restore: bool = False) -> Child:
-        argv = ["-m", "systems.ps.server", "--bind", f"{self.host}:{port}", "--shard-id", str(j),
+        argv = ["-m", "psbench.systems.ps.server", "--bind", f"{self.host}:{port}", "--shard-id", str(j),
                 "--servers", str(self.n_servers), "--workers", str(self.n_workers),
                 "--control", self.control_address, "--parent-pid", str(os.getpid()), *self.server_args]
         if self.faults.checkpoint_dir:
@@ -317,7 +255,7 @@ class Cluster:
     def start_workers(self, worker_args: list[str], addresses: list[str], extra: dict[int, list[str]] | None = None) -> None:
         """Start the workers and wait until each has loaded its data and says it is ready."""
         for i in range(self.n_workers):
-            self._spawn("worker", i, ["-m", "systems.ps.worker", "--servers", ",".join(addresses),
+            self._spawn("worker", i, ["-m", "psbench.systems.ps.worker", "--servers", ",".join(addresses),
                                       "--worker-id", str(i), "--control", self.control_address,
                                       "--parent-pid", str(os.getpid()), *worker_args, *(extra or {}).get(i, [])])
         deadline = time.monotonic() + self.ready_timeout_s
@@ -359,13 +297,7 @@ class Cluster:
 
     def _wait_role(self, role: str, timeout_s: float) -> None:
         """Give the children of `role` up to timeout_s in all to exit; those still running are left."""
-        deadline = time.monotonic() + timeout_s
-        for c in self.children:
-            if c.role == role:
-                try:
-                    c.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+        self.supervisor.wait([c for c in self.children if c.role == role], timeout_s)
 
 
 class WorkerControl:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 
 def partition_keys(sizes: Sequence[int], n_shards: int) -> list[list[int]]:

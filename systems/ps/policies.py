@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 # ---- mitigations ------------------------------------------------------------------------------
 

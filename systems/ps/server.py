@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from systems.ps import checkpoint, protocol
-from systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_consistency, parse_mitigation
+from psbench.systems.ps import checkpoint, protocol
+from psbench.systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_consistency, parse_mitigation
 
 log = logging.getLogger("psbench.ps.server")
 ADMIN = -1  # the worker id of the launcher / operator (init, state, stats, shutdown)
@@ -333,7 +333,7 @@ class Shard:
 
     def restore(self, directory: str) -> int:
         """Load the last checkpoint of this shard; returns its version."""
-        from workloads.errors import ConfigError
+        from psbench.core.errors import ConfigError
 
         state = checkpoint.load(Path(directory), self.shard_id)
         if state.header.get("consistency") != self.consistency:
@@ -481,9 +481,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def shard_from_args(args: argparse.Namespace) -> Shard:
-    from systems.ps.policies import resolve_lr
-    from workloads import get_workload
-    from workloads.errors import ConfigError
+    from psbench.systems.ps.policies import resolve_lr
+    from psbench.workloads import get_workload
+    from psbench.core.errors import ConfigError
 
     parse_consistency(args.consistency)
     parse_mitigation(args.mitigation)
@@ -510,7 +510,7 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
 
 
 def split_address(text: str) -> tuple[str, int]:
-    from workloads.errors import ConfigError
+    from psbench.core.errors import ConfigError
 
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -530,6 +530,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m systems.ps.server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m psbench.systems.ps.server", description=__doc__.splitlines()[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

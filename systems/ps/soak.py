@@ -2,14 +2,13 @@
 small tensors against S shard processes on loopback. Reports ops/s, latency percentiles and each
 shard's resident memory before and after (psutil), so a leak shows as growth.
 
-    python -m systems.ps.soak --workers 8 --ops 10000 --servers 2      (`make soak`)
+    python -m psbench.systems.ps.soak --workers 8 --ops 10000 --servers 2      (`make soak`)
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ class SoakResult:
 
 def worker_main(addresses: list[str], worker_id: int, ops: int, out: str) -> None:
     """One worker process: ops push-pull round trips, per-op latency in seconds."""
-    from systems.ps.worker import KVWorker
+    from psbench.systems.ps.worker import KVWorker
 
     rng = np.random.default_rng(worker_id)
     grads = [rng.standard_normal(s).astype(np.float32) * np.float32(1e-3) for s in SHAPES]
@@ -65,9 +64,10 @@ def worker_main(addresses: list[str], worker_id: int, ops: int, out: str) -> Non
 def soak(workers: int = 8, ops: int = 10000, servers: int = 2, timeout_s: float = 900) -> SoakResult:
     import psutil
 
-    from systems.common import child_env
-    from systems.ps.launch import Cluster, stop
-    from systems.ps.worker import ADMIN, KVWorker
+    from psbench.systems.common import child_env
+    from psbench.core.supervisor import Supervisor
+    from psbench.systems.ps.launch import Cluster
+    from psbench.systems.ps.worker import ADMIN, KVWorker
 
     with Cluster(servers, workers, TOKEN) as cluster, tempfile.TemporaryDirectory(prefix="psbench-soak-") as tmp:
         addresses = cluster.start_servers(["--lr", "0.001", "--consistency", "asp"])
@@ -75,21 +75,17 @@ def soak(workers: int = 8, ops: int = 10000, servers: int = 2, timeout_s: float 
         with KVWorker(addresses, ADMIN, SHAPES, TOKEN) as admin:
             admin.init([np.zeros(s, np.float32) for s in SHAPES])
             rss_before = [psutil.Process(p).memory_info().rss / 2**20 for p in pids]
-            procs = [subprocess.Popen([sys.executable, "-m", "systems.ps.soak", "--role-worker", str(w),
-                                       "--addresses", ",".join(addresses), "--ops", str(ops),
-                                       "--out", os.path.join(tmp, f"w{w}.npy")], env=child_env(),
-                                      start_new_session=True)
-                     for w in range(workers)]
-            try:
+            with Supervisor() as workers_sup:
+                procs = [workers_sup.spawn(f"soak worker {w}", [sys.executable, "-m", "psbench.systems.ps.soak",
+                                                                "--role-worker", str(w), "--addresses", ",".join(addresses),
+                                                                "--ops", str(ops), "--out", os.path.join(tmp, f"w{w}.npy")],
+                                           env=child_env()).proc
+                         for w in range(workers)]
                 deadline = time.monotonic() + timeout_s
                 for p in procs:
                     rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
                     if rc != 0:
                         raise RuntimeError(f"soak worker exited with {rc}")
-            finally:
-                from systems.ps.launch import Child
-
-                stop([Child("worker", i, p, Path(tmp) / "none") for i, p in enumerate(procs)])
             rss_after = [psutil.Process(p).memory_info().rss / 2**20 for p in pids]
             stats = admin.stats()
             admin.shutdown()
@@ -104,7 +100,7 @@ def soak(workers: int = 8, ops: int = 10000, servers: int = 2, timeout_s: float 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m systems.ps.soak", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m psbench.systems.ps.soak", description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--ops", type=int, default=10000, help="push-pull ops per worker")
     p.add_argument("--servers", type=int, default=2)
@@ -114,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.role_worker is not None:
-        from systems.common import configure_threads
+        from psbench.systems.common import configure_threads
 
         configure_threads(1)
         worker_main(args.addresses.split(","), args.role_worker, args.ops, args.out)

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from systems.ps import protocol
-from systems.ps.partition import partition_keys
+from psbench.systems.ps import protocol
+from psbench.systems.ps.partition import partition_keys
 
 ADMIN = -1
 PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to the launcher
@@ -253,31 +253,24 @@ class Trainer:
         self.views = [p.detach().numpy() for p in self.params]  # the model's weights, shared memory
         # Buffers (BatchNorm running statistics) are not trained by the PS: each worker keeps its own;
         # worker 0's go with its snapshots so evaluation uses them.
-        self.buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
 
     def flat_buffers(self) -> np.ndarray:
-        if not self.buffers:
-            return np.zeros(0, np.float32)
-        return np.concatenate([b.detach().numpy().reshape(-1) for b in self.buffers]).astype(np.float32)
+        from psbench.systems.common import flat_buffers
+
+        return flat_buffers(self.model)
 
     def load_buffers(self, flat: np.ndarray) -> None:
         """Start from another phase's BatchNorm running statistics (a Strategy-Switch hand-off)."""
-        import torch
+        from psbench.systems.common import set_flat_buffers
 
-        if len(flat) != sum(b.numel() for b in self.buffers):
-            raise ValueError(f"--init-buffers has {len(flat)} values, the model's buffers {sum(b.numel() for b in self.buffers)}")
-        offset = 0
-        with torch.no_grad():
-            for b in self.buffers:
-                b.copy_(torch.from_numpy(np.array(flat[offset:offset + b.numel()])).view_as(b))
-                offset += b.numel()
+        set_flat_buffers(self.model, flat)
 
     def load(self, tensors: dict[int, np.ndarray]) -> None:
         for k, a in tensors.items():
             np.copyto(self.views[k], a)
 
     def run(self, t0: float) -> WorkerResult:
-        from systems.common import forward_backward
+        from psbench.systems.common import forward_backward
 
         prep, kv, worker_id, params = self.prep, self.kv, self.worker_id, self.params
         tensors, _ = kv.pull(step=self.start_step)
@@ -360,8 +353,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args: argparse.Namespace):
-    from bench.spec import RunSpec
-    from workloads.errors import ConfigError
+    from psbench.core.spec import RunSpec
+    from psbench.core.errors import ConfigError
 
     if args.spec_json:
         return RunSpec.from_dict(json.loads(args.spec_json))
@@ -374,7 +367,7 @@ def _spec(args: argparse.Namespace):
 
 def parse_worker_id(text: str, workers: int) -> int | None:
     """An id in 0..workers-1, or None for 'auto'."""
-    from workloads.errors import ConfigError
+    from psbench.core.errors import ConfigError
 
     text = str(text).strip()
     if text == "auto":
@@ -387,7 +380,7 @@ def parse_worker_id(text: str, workers: int) -> int | None:
 def main(args: argparse.Namespace) -> int:
     import secrets
 
-    from systems.common import configure_threads, prepare
+    from psbench.systems.common import configure_threads, prepare
 
     configure_threads(1)
     spec = _spec(args)
@@ -408,7 +401,7 @@ def main(args: argparse.Namespace) -> int:
         del model
         init_buffers = np.load(args.init_buffers, allow_pickle=False) if args.init_buffers else None
         if args.control:
-            from systems.ps.launch import WorkerControl
+            from psbench.systems.ps.launch import WorkerControl
 
             with WorkerControl(args.control, worker_id, token, args.parent_pid) as ctl:
                 trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
@@ -424,7 +417,7 @@ def main(args: argparse.Namespace) -> int:
                 trainer.load_buffers(init_buffers)
             result = trainer.run(time.time())
     if args.out:
-        from bench.atomic import atomic_write_json
+        from psbench.core.atomic import atomic_write_json
 
         atomic_write_json(args.out.replace("{worker}", str(worker_id)), {"worker": worker_id, "rows": result.rows})
     if not args.control:
@@ -436,6 +429,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m systems.ps.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m psbench.systems.ps.worker", description=__doc__.splitlines()[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

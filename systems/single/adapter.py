@@ -1,16 +1,15 @@
 """The single-process baseline: plain SGD on one core."""
 from __future__ import annotations
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.base import NoOptions
-from systems.common import (configure_threads, evaluate_splits, forward_backward, make_optimizer, prepare,
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.base import NoOptions
+from psbench.systems.common import (configure_threads, evaluate_splits, forward_backward, make_optimizer, prepare,
                             record_evals)
 
 
 class SingleSystem:
     name = "single"
-    description = "one process, one core, no communication (the scaling baseline)"
     Options = NoOptions
     max_workers = 1
 

@@ -16,15 +16,15 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.base import option
-from systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.base import option
+from psbench.systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
                             record_evals, set_flat_params)
-from systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
+from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
                                       injected_failure)
-from systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
-from workloads.errors import ConfigError
+from psbench.systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
+from psbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,6 @@ def _train_fn(plan: Plan):
 
 class SparkBarrierSystem:
     name = "spark-barrier"
-    description = "Spark barrier mode: N long-running tasks exchanging gradients with BarrierTaskContext.allGather"
     Options = BarrierOptions
 
     @classmethod
@@ -153,7 +152,7 @@ class SparkBarrierSystem:
         """launch_s: job submitted to the last task ready to train (scheduling, Python worker start,
         model build, first barrier); per step: compute vs allGather (Spark's channel) vs update;
         finish_s: last step done to results back on the driver."""
-        from systems.spark.overheads import job_timings, summarise
+        from psbench.systems.spark.overheads import job_timings, summarise
 
         jobs = job_timings(sc, group)
         last_step = max(r["t_epoch"] for r in rows) if rows else t_done

@@ -16,9 +16,9 @@ def train(payload: dict[str, Any]) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from bench.spec import RunSpec
-    from systems.common import configure_threads, flat_params, forward_backward, make_optimizer, prepare
-    from systems.spark.partitions import common_steps, injected_failure
+    from psbench.core.spec import RunSpec
+    from psbench.systems.common import configure_threads, flat_params, forward_backward, make_optimizer, prepare
+    from psbench.systems.spark.partitions import common_steps, injected_failure
 
     configure_threads(1)
     dist.init_process_group("gloo")

@@ -11,15 +11,15 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.base import option
-from systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
-                            make_optimizer, record_evals, set_flat_params)
-from systems.spark.partitions import (ModelSpec, ShardBlock, cached_model, cached_shards, common_steps,
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.base import option
+from psbench.systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
+                                    make_optimizer, record_evals, set_flat_params, split_flat)
+from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_model, cached_shards, common_steps,
                                       injected_failure)
-from systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
-from workloads.errors import ConfigError
+from psbench.systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
+from psbench.core.errors import ConfigError
 
 # One partition's contribution: (sum of per-example gradients, sum of losses, examples, per-worker rows)
 Partial = tuple[np.ndarray, float, int, list]
@@ -58,7 +58,6 @@ def _add(a: Partial, b: Partial) -> Partial:
 
 class SparkMllibSystem:
     name = "spark-mllib"
-    description = "Spark MLlib-style: one Spark job per mini-batch (broadcast weights, treeAggregate gradients)"
     Options = MllibOptions
 
     @classmethod
@@ -89,8 +88,9 @@ class SparkMllibSystem:
                 sc.setJobGroup(f"{group}-{step}", f"psbench step {step}", False)
                 grad_sum, _, n, rows = self._job(data, model_spec, weights, step, n_params, options, spec)
                 t2 = time.perf_counter()
-                for p, g in zip(model.parameters(), _split(grad_sum / n, model)):
-                    p.grad = g
+                grads = split_flat(grad_sum / n, [tuple(p.shape) for p in model.parameters()])
+                for p, g in zip(model.parameters(), grads):
+                    p.grad = torch.from_numpy(g)
                 optimizer.step()
                 weights.destroy()
                 t3 = time.perf_counter()
@@ -131,7 +131,7 @@ class SparkMllibSystem:
         computing its gradient (task_python_s). overhead_s = the driver's wait for the job minus
         task_python_s: scheduling, task launch, shipping closure/broadcast/data to the Python
         worker, (de)serialisation and result transfer; what Spark adds to each mini-batch."""
-        from systems.spark.overheads import job_timings, summarise
+        from psbench.systems.spark.overheads import job_timings, summarise
 
         per_step = []
         for step, driver in enumerate(driver_rows):
@@ -156,11 +156,3 @@ class SparkMllibSystem:
         if stats.get("step_s_mean"):
             stats["overhead_fraction"] = stats.get("overhead_s_mean", 0.0) / stats["step_s_mean"]
         recorder.extra["spark_overheads"] = stats
-
-
-def _split(flat: np.ndarray, model: torch.nn.Module) -> list[torch.Tensor]:
-    out, offset = [], 0
-    for p in model.parameters():
-        out.append(torch.from_numpy(flat[offset:offset + p.numel()].astype(np.float32)).view_as(p).clone())
-        offset += p.numel()
-    return out

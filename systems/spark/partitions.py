@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from systems.common import Prepared
+from psbench.systems.common import Prepared
 
 
 @dataclass
@@ -66,16 +66,16 @@ class ModelSpec:
         return cls(prep.workload.name, prep.data.input_shape, prep.data.n_classes, prep.spec.seed, prep.lr)
 
     def build(self) -> tuple[nn.Module, nn.Module]:
-        from workloads import get_workload
-        from workloads.models import build_model
+        from psbench.workloads import get_workload
+        from psbench.workloads.models import build_model
 
         workload = get_workload(self.workload)
         model = build_model(workload.model, self.input_shape, self.n_classes, self.seed, **workload.model_options)
         return model, workload.loss_fn()
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        from systems.common import make_optimizer
-        from workloads import get_workload
+        from psbench.systems.common import make_optimizer
+        from psbench.workloads import get_workload
 
         return make_optimizer(model, get_workload(self.workload), self.lr)
 
@@ -111,7 +111,7 @@ def cached_shards(sc: Any, spec: Any, recorder: Any) -> tuple[Prepared, Any]:
     time this takes is recorded as spark_data_ready_s."""
     import time
 
-    from systems.common import prepare
+    from psbench.systems.common import prepare
 
     t_data = time.perf_counter()
     prep = prepare(spec)

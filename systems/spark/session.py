@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from systems.base import option
-from systems.common import child_env
-from workloads.errors import ConfigError
+from psbench.systems.base import option
+from psbench.systems.common import child_env
+from psbench.core.errors import ConfigError
 
 LOCAL_DEFAULT = "local[N]"  # the default master: local mode with one task slot per worker
 _MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+)$")
@@ -165,7 +165,7 @@ def python_error(text: str) -> str | None:
 
 def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw: Any) -> SessionInfo:
     """The session for one run; its start-up cost goes to the manifest, not to samples/s."""
-    from systems.common import configure_threads
+    from psbench.systems.common import configure_threads
 
     configure_threads(1)
     session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf), **session_kw)

@@ -12,12 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.base import option
-from systems.common import evaluate_splits, prepare, record_evals, set_flat_params
-from systems.spark.partitions import clock_mapper
-from systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.base import option
+from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
+from psbench.systems.spark.partitions import clock_mapper
+from psbench.systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,6 @@ class TorchOptions(SparkOptions):
 
 class SparkTorchSystem:
     name = "spark-torch"
-    description = "Spark TorchDistributor launching torch DDP (gloo allreduce): Spark as launcher"
     Options = TorchOptions
 
     @classmethod
@@ -39,7 +38,7 @@ class SparkTorchSystem:
         recorder.extra["torch_local_mode"] = options.local_mode
         from pyspark.ml.torch.distributor import TorchDistributor
 
-        from systems.spark import ddp_fn
+        from psbench.systems.spark import ddp_fn
 
         # Data is read by each rank itself (TorchDistributor passes no data in function mode); the
         # driver's copy is for evaluation only.
@@ -89,7 +88,7 @@ class SparkTorchSystem:
         for step, t_epoch, weights in result["snapshots"]:
             set_flat_params(model, weights)
             record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=to_clock(t_epoch))
-        from systems.spark.overheads import summarise
+        from psbench.systems.spark.overheads import summarise
 
         last_step = max((r["t_epoch"] for r in rows), default=t_done)
         stats = summarise(rows, ["step_s"])

@@ -21,15 +21,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.records import Recorder
-from bench.spec import RunSpec
-from systems.allreduce_common import common_steps, read_buffers, read_state
-from systems.base import option
-from systems.common import Prepared, configure_threads, prepare
-from systems.ps.adapter import PSOptions, PSSystem, run_ps_phase
-from systems.ps.policies import parse_consistency
-from systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
-from workloads.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.allreduce_common import common_steps, read_buffers, read_state
+from psbench.systems.base import option
+from psbench.systems.common import Prepared, configure_threads, prepare
+from psbench.systems.ps.adapter import PSOptions, PSSystem, run_ps_phase
+from psbench.systems.ps.policies import parse_consistency
+from psbench.systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
+from psbench.core.errors import ConfigError
 
 SYNC_CHOICES = ("ddp", "ps-bsp")
 
@@ -91,12 +91,12 @@ def _fixed_switch_step(criterion: FixedPoint, prep: Prepared, budget: int) -> in
 
 
 def _phase1_ddp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder: Recorder, budget: int) -> Phase1:
-    from systems.ddp.adapter import DDPOptions, DDPSystem
+    from psbench.systems.ddp.adapter import DDPOptions, DDPSystem
 
     state = Path(tempfile.mkdtemp(prefix="psbench-switch-"))
     try:
         DDPSystem().run(spec, DDPOptions(timeout_s=options.timeout_s), recorder, state_out=state,
-                        worker_module="systems.switch.sync_worker", worker_args=("--criterion", options.criterion))
+                        worker_module="psbench.systems.switch.sync_worker", worker_args=("--criterion", options.criterion))
         weights, momentum = read_state(state)
         buffers = read_buffers(state)
     finally:
@@ -117,12 +117,11 @@ def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, record
 
 class SwitchSystem:
     name = "switch"
-    description = "Strategy-Switch: sync (DDP allreduce or PS BSP) until a criterion fires, then async PS (ASP/SSP)"
     Options = SwitchOptions
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        from systems.ddp.adapter import DDPSystem
+        from psbench.systems.ddp.adapter import DDPSystem
 
         return PSSystem.unavailable_reason() or DDPSystem.unavailable_reason()
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 CRITERIA = ("fixed:epoch=E", "fixed:fraction=F", "plateau:window=W,threshold=T", "variance:window=W,threshold=T")
 

@@ -6,14 +6,14 @@ in the job directory for the asynchronous phase.
 """
 from __future__ import annotations
 
-from systems.allreduce_common import StepStopFn, exit_now, worker_main
-from systems.common import Prepared
-from systems.ddp.worker import build_parser, comm_factory
-from systems.switch.criteria import Observation, parse_criterion
+from psbench.systems.allreduce_common import StepStopFn, exit_now, worker_main
+from psbench.systems.common import Prepared
+from psbench.systems.ddp.worker import build_parser, comm_factory
+from psbench.systems.switch.criteria import Observation, parse_criterion
 
 
 def step_stop_for(text: str, prep: Prepared, world: int) -> StepStopFn:
-    from systems.allreduce_common import common_steps
+    from psbench.systems.allreduce_common import common_steps
 
     criterion = parse_criterion(text)
     per_epoch, total = prep.steps_per_epoch(0), common_steps(prep, world)
@@ -25,7 +25,7 @@ def step_stop_for(text: str, prep: Prepared, world: int) -> StepStopFn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser("python -m systems.switch.sync_worker")
+    parser = build_parser("python -m psbench.systems.switch.sync_worker")
     parser.add_argument("--criterion", required=True, help="switch criterion (systems/switch/criteria.py)")
     args = parser.parse_args(argv)
     return worker_main(args.job, comm_factory(args), rank_hint=args.rank,

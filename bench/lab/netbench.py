@@ -2,7 +2,7 @@
 ranks), every host's link capped alike (tc tbf, both directions), on a model big enough that
 communication matters (mlp-wide-synthetic, 4.3 MB). Each process is its own namespace host.
 
-    python -m bench.netbench [--quick] [--caps 100,1000,none] [--steps 30]     (or: psbench netlab bench)
+    python -m psbench.bench.lab.netbench [--quick] [--caps 100,1000,none] [--steps 30]     (or: psbench netlab bench)
 
 The classic result: the PS server's one link carries N models in and N out per step, so under a cap
 its throughput falls as 1/N of the link, while the ring moves 2(N-1)/N models per host in parallel.
@@ -21,9 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from bench.cluster import ClusterFile, Host, recorded_spec, run_file
-from bench.spec import RunSpec
-from workloads.errors import ConfigError
+from psbench.bench.lab.cluster import ClusterFile, Host, recorded_spec, run_file
+from psbench.core.spec import RunSpec
+from psbench.core.errors import ConfigError
 
 SUITE = "netlab"
 WORKLOAD = "mlp-wide-synthetic"
@@ -45,7 +45,7 @@ def cluster_for(s: Setting, workers: int, steps: int, port: int, seed: int = 0) 
                    options={"consistency": s.consistency, "servers": 1} if s.system == "ps" else {})
     worker_hosts = [Host(f"w{k}", ("worker",), cap_mbit=s.cap_mbit) for k in range(workers)]
     hosts = ([Host("ps0", ("ps-server",), cap_mbit=s.cap_mbit)] if s.system == "ps" else []) + worker_hosts
-    return ClusterFile("netns", spec, tuple(hosts), SUITE, port, 900.0, source="bench.netbench")
+    return ClusterFile("netns", spec, tuple(hosts), SUITE, port, 900.0, source="psbench.bench.lab.netbench")
 
 
 def steady_rate(steps: pd.DataFrame, warmup: int) -> float:
@@ -77,14 +77,14 @@ def run_setting(s: Setting, workers: int, steps: int, warmup: int, results_dir: 
 def link_goodput_mbit(cap_mbit: float, nbytes: int | None = None, port: int = 6300) -> float:
     """TCP goodput of one capped link in a two-host lab (netprobe sink/source), in Mbit/s: the
     bandwidth the model is given for that cap (tbf passes somewhat less than its nominal rate)."""
-    from bench.netlab import NetLab, Role
+    from psbench.bench.lab.netlab import NetLab, Role
 
     nbytes = nbytes or int(cap_mbit * 1e6 / 8 * 0.5)  # ~0.5 s of traffic
     py = sys.executable
     with NetLab(hosts=2, caps_mbit={0: cap_mbit, 1: cap_mbit}) as lab:
         results = lab.run_cluster([
-            Role("sink", 1, [py, "-m", "bench.netprobe", "sink", "--bind", "{h1}", "--port", str(port)], ready_port=port),
-            Role("source", 0, [py, "-m", "bench.netprobe", "source", "--host", "{h1}", "--port", str(port),
+            Role("sink", 1, [py, "-m", "psbench.bench.lab.netprobe", "sink", "--bind", "{h1}", "--port", str(port)], ready_port=port),
+            Role("source", 0, [py, "-m", "psbench.bench.lab.netprobe", "source", "--host", "{h1}", "--port", str(port),
                                "--bytes", str(nbytes)])], timeout=120)
     for r in results.values():
         if r.returncode != 0:
@@ -115,7 +115,7 @@ def run_bench(caps: list[float | None], workers: int = 4, steps: int = 30, warmu
 
 
 def write_outputs(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    from bench.atomic import atomic_write, atomic_write_csv
+    from psbench.core.atomic import atomic_write, atomic_write_csv
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, png_path = out_dir / "bandwidth.csv", out_dir / "bandwidth.png"
@@ -184,7 +184,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bench.netlab import unavailable_reason
+    from psbench.bench.lab.netlab import unavailable_reason
 
     reason = unavailable_reason()
     if reason:
@@ -208,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(prog="python -m bench.netbench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.netbench", description=__doc__.splitlines()[0])
     add_arguments(p)
     try:
         sys.exit(main(p.parse_args()))

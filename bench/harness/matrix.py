@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bench.spec import RunSpec
-from workloads.errors import ConfigError
+from psbench.core.spec import RunSpec
+from psbench.core.errors import ConfigError
 
 SPEC_FIELDS = {f.name for f in fields(RunSpec)}
 TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "report"}

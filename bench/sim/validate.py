@@ -1,10 +1,10 @@
-"""Validating the scale model (bench/simulate.py) against runs measured on this machine.
+"""Validating the scale model (bench/sim/simulate.py) against runs measured on this machine.
 
 `measure_local` runs `single` at two batch sizes (the compute fit) and ps (bsp/asp) / ddp at 1-4
 workers on loopback, interleaved repeat by repeat, so a slow spell of a shared machine hits the
 calibration and the runs it predicts alike. `validate_local` fits the calibration from those same
 runs (cores = this machine's, since the workers share it) and reports the model's error.
-`netlab_runs` turns the bandwidth experiment's table (bench/netbench.py) into measured runs whose
+`netlab_runs` turns the bandwidth experiment's table (bench/lab/netbench.py) into measured runs whose
 calibration takes the link bandwidth from the cap.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from bench.simulate import (Calibration, MeasuredRun, Validation, fit_compute, measure_single, model_bytes,
+from psbench.bench.sim.simulate import (Calibration, MeasuredRun, Validation, fit_compute, measure_single, model_bytes,
                             validate)
 
 SYSTEMS = {"ps-bsp": ("ps", {"consistency": "bsp"}), "ps-asp": ("ps", {"consistency": "asp"}), "ddp": ("ddp", {})}
@@ -23,8 +23,8 @@ SYSTEMS = {"ps-bsp": ("ps", {"consistency": "bsp"}), "ps-asp": ("ps", {"consiste
 
 def measure_run(system: str, workload: str, workers: int, batch_size: int, steps: int, seed: int,
                 options: dict, results_dir: Path) -> MeasuredRun:
-    from bench.runner import plan, run_one
-    from bench.spec import RunSpec
+    from psbench.bench.harness.runner import plan, run_one
+    from psbench.core.spec import RunSpec
 
     spec = RunSpec(system, workload, workers=workers, seed=seed, batch_size=batch_size, max_steps=steps,
                    epochs=1000, evals_per_epoch=1, options=dict(options))
@@ -38,7 +38,7 @@ def measure_local(workload: str, batch_size: int, workers: Sequence[int] = (1, 2
                   systems: Sequence[str] = ("ps-bsp", "ps-asp", "ddp"), steps: int = 40, repeats: int = 3,
                   fit_batches: Sequence[int] = (16, 64), results_dir: Path | None = None):
     """(compute points for fit_compute, measured runs), measured interleaved."""
-    from systems.common import configure_threads
+    from psbench.systems.common import configure_threads
 
     configure_threads(1)
     points: dict[int, list[dict[str, float]]] = {b: [] for b in fit_batches}
@@ -57,7 +57,7 @@ def measure_local(workload: str, batch_size: int, workers: Sequence[int] = (1, 2
 
 
 def local_calibration(workload: str, points, cores: int | None = None) -> Calibration:
-    from bench.netprobe import zmq_pingpong
+    from psbench.bench.lab.netprobe import zmq_pingpong
 
     a, t = fit_compute(points)
     link = zmq_pingpong("127.0.0.1")
@@ -74,7 +74,7 @@ def validate_local(workload: str, batch_size: int, **kwargs) -> tuple[Calibratio
 
 
 def netlab_runs(table) -> list[tuple[MeasuredRun, float, float]]:
-    """(MeasuredRun, link bandwidth bytes/s, cap Mbit/s) for each capped row of bench/netbench's table."""
+    """(MeasuredRun, link bandwidth bytes/s, cap Mbit/s) for each capped row of bench/lab/netbench.py's table."""
     out = []
     for row in table.to_dict("records"):
         cap = row["cap_mbit"]
@@ -96,7 +96,7 @@ def validate_netlab(table, cal: Calibration) -> Validation:
         v = validate([run], replace(cal, bandwidth_Bps=bandwidth))
         rows += [{**r, "cap_mbit": cap, "link_mbit": bandwidth * 8 / 1e6} for r in v.rows]
     if not rows:
-        from workloads.errors import ConfigError
+        from psbench.core.errors import ConfigError
 
         raise ConfigError("validate_netlab: no capped runs in the table")
     errors = [r["error"] for r in rows]

@@ -37,17 +37,15 @@ linearly); it does not reproduce TensorFlow's exact PS deployment, which the pap
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 SYSTEM_MODELS = {"single": "single", "ps": "ps", "allreduce": "allreduce", "ddp": "allreduce",
                  "horovod": "allreduce", "spark": "spark"}
@@ -208,7 +206,7 @@ def validate(measured_runs: Iterable[MeasuredRun], cal: Calibration, bound: floa
 def measured_from_results(suite_dir: Path) -> list[MeasuredRun]:
     """MeasuredRuns from a results suite folder (every run's manifest.json). PS option names are read
     leniently (servers|shards, consistency|mode, staleness|ssp_bound) since systems name their own."""
-    from workloads import get_workload
+    from psbench.workloads import get_workload
 
     runs = []
     for manifest in sorted(Path(suite_dir).glob("*/manifest.json")):
@@ -233,8 +231,8 @@ def measured_from_results(suite_dir: Path) -> list[MeasuredRun]:
 def measure_single(workload: str, batch_size: int, steps: int, seed: int = 0,
                    results_dir: Path | None = None) -> dict[str, float]:
     """One `single` run through the harness: its samples/s and mean step time."""
-    from bench.runner import plan, run_one
-    from bench.spec import RunSpec
+    from psbench.bench.harness.runner import plan, run_one
+    from psbench.core.spec import RunSpec
 
     spec = RunSpec("single", workload, seed=seed, batch_size=batch_size, max_steps=steps, epochs=1000,
                    evals_per_epoch=1)
@@ -246,8 +244,8 @@ def measure_single(workload: str, batch_size: int, steps: int, seed: int = 0,
 
 
 def model_bytes(workload: str, seed: int = 0) -> int:
-    from bench.spec import RunSpec
-    from systems.common import prepare
+    from psbench.core.spec import RunSpec
+    from psbench.systems.common import prepare
 
     prep = prepare(RunSpec("single", workload, seed=seed))
     return 4 * sum(p.numel() for p in prep.build_model().parameters())
@@ -258,7 +256,7 @@ def measure_compute_points(workload: str, batch_sizes: Sequence[int], steps: int
     """`single` runs at each batch size, `repeats` times, interleaved so that slow spells of a shared
     machine hit every size alike; one discarded warm-up run first. Repeat k uses seed k (distinct
     run ids when results_dir keeps them, suite 'calibration')."""
-    from systems.common import configure_threads
+    from psbench.systems.common import configure_threads
 
     configure_threads(1)
     measure_single(workload, batch_sizes[0], max(10, steps // 4))  # warm-up: data, caches, allocator
@@ -286,7 +284,7 @@ def calibrate(workload: str, batch_sizes: Sequence[int] = (16, 128), steps: int 
               measure_link: bool = True, points: dict[int, list[dict[str, float]]] | None = None) -> Calibration:
     """Fit T_c = a + t*b from `single` runs (or given `points`), and measure loopback RTT and bandwidth
     with a pyzmq ping-pong."""
-    from bench.netprobe import zmq_pingpong
+    from psbench.bench.lab.netprobe import zmq_pingpong
 
     if len(set(batch_sizes)) < 2:
         raise ConfigError("calibrate: give at least two different batch sizes")
@@ -382,7 +380,7 @@ def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base
     ax_e.set_ylabel("scaling efficiency (%)")
     ax_e.set_ylim(0, 105)
     ax_e.legend(fontsize=8)
-    fig.suptitle("psbench scale projection (analytic model, bench/simulate.py)")
+    fig.suptitle("psbench scale projection (analytic model, bench/sim/simulate.py)")
     fig.text(0.01, 0.01, "Assumptions: " + assumptions_text(cal, batch_size), fontsize=7.5, family="monospace",
              va="bottom")
     fig.tight_layout(rect=(0, 0.14, 1, 0.95))
@@ -397,7 +395,7 @@ def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base
 def write_validation(validations: list[tuple[str, Validation]], path: Path) -> None:
     import pandas as pd
 
-    from bench.atomic import atomic_write_csv
+    from psbench.core.atomic import atomic_write_csv
 
     frames = []
     for name, v in validations:
@@ -411,90 +409,3 @@ def write_validation(validations: list[tuple[str, Validation]], path: Path) -> N
         with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
             print(frame[cols].to_string(index=False))
     atomic_write_csv(path, pd.concat(frames, ignore_index=True))
-
-
-# ---- CLI: psbench simulate ---------------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--calibrate", metavar="WORKLOAD", default=None,
-                     help="measure compute time of WORKLOAD with the single system and loopback bandwidth here")
-    src.add_argument("--calibration", type=Path, help="a calibration JSON written by an earlier run")
-    src.add_argument("--preset", choices=sorted(PRESETS), help="published setting instead of a measurement")
-    p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size projected (default 64)")
-    p.add_argument("--servers", type=int, default=8, help="shards of the sharded-PS curve (default 8)")
-    p.add_argument("--bandwidth-mbit", type=float, help="override the link bandwidth (Mbit/s), e.g. a cluster's")
-    p.add_argument("--rtt-us", type=float, help="override the round-trip time (microseconds)")
-    p.add_argument("--spark-job-ms", type=float, help="override Spark's per-job overhead (ms)")
-    p.add_argument("--measure-spark", action="store_true", help="with --calibrate: also time Spark jobs (slow)")
-    p.add_argument("--validate", action="store_true",
-                   help="with --calibrate: also run ps (bsp, asp) and ddp at 1-4 workers here, interleaved with the "
-                        "calibration runs, and report the model's error against them (bench/simval.py)")
-    p.add_argument("--validate-steps", type=int, default=40, help="steps per validation run (default 40)")
-    p.add_argument("--validate-repeats", type=int, default=3, help="repeats per validation run (default 3)")
-    p.add_argument("--netlab", type=Path, metavar="CSV",
-                   help="also validate against the bandwidth experiment's table (results/netlab/bandwidth.csv)")
-    p.add_argument("--out", type=Path, default=Path("results/simulate"), help="output folder")
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.batch_size < 1 or args.servers < 1:
-        raise ConfigError("--batch-size and --servers must be >= 1")
-    if args.validate and (args.preset or args.calibration):
-        raise ConfigError("--validate measures its own calibration: use it with --calibrate WORKLOAD (or alone)")
-    validations: list[tuple[str, Validation]] = []
-    if args.preset:
-        cal = PRESETS[args.preset]
-    elif args.calibration:
-        if not args.calibration.is_file():
-            raise ConfigError(f"calibration file {args.calibration} does not exist")
-        cal = Calibration.from_json(args.calibration.read_text())
-    elif args.validate:
-        from bench.simval import validate_local
-
-        cal, validation = validate_local(args.calibrate or "mlp-wide-synthetic", args.batch_size,
-                                         steps=args.validate_steps, repeats=args.validate_repeats)
-        validations.append(("loopback runs, 1-4 workers", validation))
-    else:
-        cal = calibrate(args.calibrate or "cnn-mnist1d")
-        if args.measure_spark:
-            cal = replace(cal, spark_job_overhead_s=measure_spark_job_overhead())
-    overrides: dict[str, Any] = {}
-    if args.bandwidth_mbit:
-        overrides["bandwidth_Bps"] = args.bandwidth_mbit * 1e6 / 8
-    if args.rtt_us:
-        overrides["rtt_s"] = args.rtt_us * 1e-6
-    if args.spark_job_ms:
-        overrides["spark_job_overhead_s"] = args.spark_job_ms * 1e-3
-    if overrides:
-        cal = replace(cal, source=cal.source + " + overrides " + ", ".join(overrides), **overrides)
-    if args.netlab:
-        import pandas as pd
-
-        from bench.simval import validate_netlab
-
-        if not args.netlab.is_file():
-            raise ConfigError(f"--netlab: {args.netlab} does not exist (run `psbench netlab bench` first)")
-        cores = cal.cores or os.cpu_count() or 1
-        validations.append(("netns bandwidth runs", validate_netlab(pd.read_csv(args.netlab), replace(cal, cores=cores))))
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    if validations:
-        write_validation(validations, out / "validation.csv")
-    cal = replace(cal, cores=0)  # projections: a machine per worker
-    rows = projection_table(cal, default_scenarios(args.batch_size, args.servers))
-    (out / "calibration.json").write_text(cal.to_json())
-    import pandas as pd
-
-    table = pd.DataFrame(rows)
-    from bench.atomic import atomic_write_csv
-
-    atomic_write_csv(out / "projection.csv", table)
-    paths = plot(rows, cal, args.batch_size, out / "projection")
-    print("Assumptions: " + assumptions_text(cal, args.batch_size))
-    pivot = table.pivot(index="workers", columns="curve", values="efficiency")
-    with pd.option_context("display.width", 200, "display.float_format", "{:.1%}".format):
-        print("scaling efficiency:")
-        print(pivot.to_string())
-    print("wrote " + ", ".join(str(p) for p in [out / "calibration.json", out / "projection.csv", *paths]))
-    return 0

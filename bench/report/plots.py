@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from bench.atomic import atomic_write  # noqa: E402
-from bench.results import SuiteResults  # noqa: E402
+from psbench.core.atomic import atomic_write  # noqa: E402
+from psbench.bench.harness.results import SuiteResults  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "psbench", "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
                      "axes.spines.top": False, "axes.spines.right": False, "legend.fontsize": 8})

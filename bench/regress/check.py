@@ -2,7 +2,7 @@
 
 A benchmark is a function returning {metric: ratio} (e.g. PS samples/s ÷ single samples/s, measured
 in the same run), so its value carries across machines and loads where an absolute time would not.
-Each is repeated and the median kept; the medians are compared with bench/baselines/regress.json
+Each is repeated and the median kept; the medians are compared with bench/regress/baselines/regress.json
 (value, tolerance and direction per metric, and the machine it was measured on).
 
 Adding a benchmark is one line in RATIO_BENCHMARKS:
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.atomic import atomic_write_json
-from workloads.errors import ConfigError
+from psbench.core.atomic import atomic_write_json
+from psbench.core.errors import ConfigError
 
 RATIO_BENCHMARKS: dict[str, str] = {
-    "harness_overhead": "bench.benchmarks:harness_overhead",
-    "ps": "bench.benchmarks:ps_overhead",
+    "harness_overhead": "psbench.bench.regress.benchmarks:harness_overhead",
+    "ps": "psbench.bench.regress.benchmarks:ps_overhead",
 }
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "regress.json"
 DEFAULT_TOLERANCE = 0.25
@@ -169,7 +169,7 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 def updated_baseline(old: dict[str, Any] | None, measured: dict[str, Measured], quick: bool,
                      tolerance: float | None) -> dict[str, Any]:
-    from bench.records import git_sha, machine, versions
+    from psbench.core.records import git_sha, machine, versions
 
     old = old or {}
     metrics = dict(old.get("metrics", {}))

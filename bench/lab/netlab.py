@@ -14,11 +14,11 @@ egress on veth0 inside the host (its uploads) and egress on the bridge-side end 
 netem is not in this kernel; latency, if needed, must be added in user space.
 
     with NetLab(hosts=3, caps_mbit={0: 100}) as lab:
-        proc = lab.exec(1, [sys.executable, "-m", "bench", "run", ...])
+        proc = lab.exec(1, [sys.executable, "-m", "psbench", "run", ...])
         results = lab.run_cluster([Role("server", 0, [...], daemon=True, ready_port=5555),
                                    Role("worker0", 1, [..., "--servers", "{h0}:5555"])])
 
-Needs root and iproute2. CLI: `psbench netlab up|down|status|exec|bench`.
+Needs root and iproute2. CLI: `psbench netlab up|down|status|exec|bench` (bench/lab/command.py).
 """
 from __future__ import annotations
 
@@ -28,18 +28,19 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
+from psbench.core.supervisor import Supervisor, stop_tree
 
 PREFIX = "psb"
 BRIDGE = "br0"
 HOST_IF = "veth0"
 LAB_NET = ipaddress.ip_network("198.18.0.0/15")
 MAX_HOSTS = 200
+STOP_GRACE_S = 2.0  # SIGTERM, then this long, then SIGKILL
 
 
 def ns_name(lab: int, host: int) -> str:
@@ -178,7 +179,7 @@ class NetLab:
             raise ConfigError(f"lab id must be 0..255, got {lab}")
         self.hosts = hosts
         self.lab = lab
-        self._procs: list[subprocess.Popen] = []
+        self.supervisor = Supervisor(grace_s=STOP_GRACE_S)
 
     # ---- life cycle -----------------------------------------------------------------------
     def up(self) -> "NetLab":
@@ -248,14 +249,15 @@ class NetLab:
              **popen_kwargs) -> subprocess.Popen:
         """Start argv inside host's namespace ({hN} expanded); env defaults to systems.common.child_env().
         The process gets its own session so it (and its children) can be stopped as a group."""
-        from systems.common import child_env
+        from psbench.systems.common import child_env
 
         full_env = dict(env) if env is not None else child_env()
         argv = ["ip", "netns", "exec", self.ns(host)] + [self.expand(a) for a in argv]
-        popen_kwargs.setdefault("start_new_session", True)
-        proc = subprocess.Popen(argv, env=full_env, **popen_kwargs)
-        self._procs.append(proc)
-        return proc
+        new_session = popen_kwargs.pop("start_new_session", True)
+        popen_kwargs.setdefault("stdin", None)  # `netlab exec` keeps the terminal's stdin
+        child = self.supervisor.spawn(f"h{host}:{os.path.basename(argv[4])}", argv, env=full_env,
+                                      new_session=new_session, **popen_kwargs)
+        return child.proc
 
     def run(self, host: int, argv: Sequence[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
         """exec and wait; output captured as text."""
@@ -263,7 +265,7 @@ class NetLab:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self._stop(proc)
+            stop_tree([proc], STOP_GRACE_S)
             raise
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -283,7 +285,7 @@ class NetLab:
         names = [r.name for r in roles]
         if len(set(names)) != len(names):
             raise ConfigError(f"role names must be unique, got {names}")
-        from systems.common import child_env
+        from psbench.systems.common import child_env
 
         started: list[tuple[Role, subprocess.Popen, float]] = []
         results: dict[str, RoleResult] = {}
@@ -304,37 +306,19 @@ class NetLab:
                 if role.daemon:
                     returncode = proc.poll()
                     if returncode is None:
-                        self._stop(proc, grace=5.0)
+                        stop_tree([proc], grace_s=5.0)
                     out, err = proc.communicate()
                     results[role.name] = RoleResult(role.name, role.host, returncode, out, err, time.monotonic() - t0)
         except subprocess.TimeoutExpired:
             raise TimeoutError(f"cluster run did not finish within {timeout}s; roles: {names}") from None
         finally:
-            for _, proc, _ in started:
-                self._stop(proc)
+            stop_tree([proc for _, proc, _ in started], STOP_GRACE_S)
         return results
 
     # ---- processes ------------------------------------------------------------------------
-    @staticmethod
-    def _stop(proc: subprocess.Popen, grace: float = 2.0) -> None:
-        """SIGTERM the process group this lab started, then SIGKILL after `grace` seconds."""
-        if proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
     def stop_all(self) -> None:
-        for proc in self._procs:
-            self._stop(proc)
-        self._procs.clear()
+        self.supervisor.stop()
+        self.supervisor.children.clear()
 
     # ---- inspection -----------------------------------------------------------------------
     def describe(self) -> str:
@@ -361,73 +345,3 @@ def describe(lab: int | None = None) -> str:
             rate = re.search(r"rate (\S+)", qdisc)
             lines.append(f"  h{h}  {ns:<14} {addr:<18} cap {rate.group(1) if rate else 'none'}")
     return "\n".join(lines)
-
-
-# ---- CLI: psbench netlab ------------------------------------------------------------------------
-
-def _parse_caps(items: list[str] | None) -> dict[int, float]:
-    caps: dict[int, float] = {}
-    for item in items or []:
-        m = re.fullmatch(r"h?(\d+)=(\d+(?:\.\d+)?)", item.strip())
-        if not m:
-            raise ConfigError(f"--cap '{item}': expected HOST=MBIT, e.g. h0=100")
-        caps[int(m.group(1))] = float(m.group(2))
-    return caps
-
-
-def add_arguments(p) -> None:
-    sub = p.add_subparsers(dest="netlab_cmd", required=True)
-    up = sub.add_parser("up", help="create a lab (stays up until `down`)")
-    up.add_argument("--hosts", type=int, default=3, help="number of hosts (default 3)")
-    up.add_argument("--lab", type=int, help="lab id 0..255 (default: lowest free); hosts get 198.18.LAB.(i+1)")
-    up.add_argument("--cap", action="append", metavar="HOST=MBIT",
-                    help="bandwidth cap on a host's link, both directions, e.g. h0=100 (repeatable)")
-    dn = sub.add_parser("down", help="remove a lab's namespaces, veths and bridge")
-    g = dn.add_mutually_exclusive_group(required=True)
-    g.add_argument("--lab", type=int)
-    g.add_argument("--all", action="store_true", help="every psbench lab")
-    st = sub.add_parser("status", help="list labs, host addresses and caps")
-    st.add_argument("--lab", type=int)
-    ex = sub.add_parser("exec", help="run a command inside a lab host: psbench netlab exec --lab L --host H -- CMD")
-    ex.add_argument("--lab", type=int, required=True)
-    ex.add_argument("--host", type=int, required=True)
-    ex.add_argument("cmd", nargs="+")
-    from bench import netbench
-
-    netbench.add_arguments(sub.add_parser("bench", help="PS vs ring allreduce under per-host bandwidth caps "
-                                                        "(bench/netbench.py)"))
-
-
-def main(args) -> int:
-    if args.netlab_cmd == "up":
-        lab = NetLab(hosts=args.hosts, caps_mbit=_parse_caps(args.cap), lab=args.lab).up()
-        print(describe(lab.lab))
-        print(f"remove with: psbench netlab down --lab {lab.lab}")
-        return 0
-    if args.netlab_cmd == "down":
-        reason = unavailable_reason()
-        if reason:
-            raise ConfigError(f"cannot remove labs: {reason}")
-        removed = down(None if args.all else args.lab)
-        print(f"removed {len(removed)} namespace(s)/link(s)" + (f": {' '.join(removed)}" if removed else ""))
-        return 0
-    if args.netlab_cmd == "status":
-        print(describe(args.lab))
-        return 0
-    if args.netlab_cmd == "exec":
-        hosts = [n for n in labs_present().get(args.lab, []) if not n.endswith("-br")]
-        lab = NetLab(hosts=max(len(hosts), 1), lab=args.lab)
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        proc = lab.exec(args.host, cmd, start_new_session=False)
-        return proc.wait()
-    if args.netlab_cmd == "bench":
-        from bench import netbench
-
-        return netbench.main(args)
-    raise ConfigError(f"unknown netlab command {args.netlab_cmd}")
-
-
-if __name__ == "__main__":
-    from bench.cli import main as cli_main
-
-    sys.exit(cli_main(["netlab", *sys.argv[1:]]))

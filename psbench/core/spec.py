@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from workloads.errors import ConfigError
+from psbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from bench.atomic import atomic_replace_dir, atomic_write_csv, atomic_write_json
-from bench.spec import RunSpec
+from psbench.core.atomic import atomic_replace_dir, atomic_write_csv, atomic_write_json
+from psbench.core.spec import RunSpec
 
 STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_samples", "loss", "staleness", "bytes"]
 EVAL_COLUMNS = ["run_id", "system", "workload", "step", "t_wall", "split", "loss", "accuracy"]

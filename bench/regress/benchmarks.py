@@ -1,17 +1,15 @@
-"""Ratio benchmarks of the harness itself (registered in bench.regress.RATIO_BENCHMARKS).
+"""Ratio benchmarks of the harness itself (registered in psbench.bench.regress.check.RATIO_BENCHMARKS).
 
 Each function measures two things side by side in this process and returns their ratio, so the
-figure means the same on a fast and a slow machine; bench.regress repeats it and takes the median.
+figure means the same on a fast and a slow machine; the check repeats it and takes the median.
 """
 from __future__ import annotations
 
 import time
 
-from bench.records import Recorder
-from bench.runner import plan
-from bench.spec import RunSpec
-from systems.common import configure_threads, forward_backward, make_optimizer, prepare
-from workloads import get_workload
+from psbench.bench.harness.runner import run_summary
+from psbench.core.spec import RunSpec
+from psbench.systems.common import configure_threads, forward_backward, make_optimizer, prepare
 
 _warm = False
 
@@ -29,14 +27,6 @@ def _bare_loop_samples_per_s(spec: RunSpec) -> float:
         optimizer.step()
         samples += len(y)
     return samples / (time.perf_counter() - start)
-
-
-def run_summary(spec: RunSpec) -> dict:
-    """Run a spec through the harness in this process (planned, recorded, nothing written); its summary."""
-    planned = plan(spec)
-    recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
-    planned.system_cls().run(spec, planned.options, recorder)
-    return recorder.summary()
 
 
 def _harness_samples_per_s(spec: RunSpec) -> float:
@@ -62,7 +52,7 @@ def harness_overhead(quick: bool = False) -> dict[str, float]:
 def ps_overhead(quick: bool = False) -> dict[str, float]:
     """The parameter server against what it is built from, side by side: push+pull vs a raw pyzmq
     echo of the same bytes, and ASP with 1 worker vs `single` (samples/s). Higher is better."""
-    from systems.ps.benchmarks import ratio_asp_vs_single, ratio_roundtrip
+    from psbench.bench.regress.ps_benchmarks import ratio_asp_vs_single, ratio_roundtrip
 
     sizes = (1, 10) if quick else (1, 10, 100)
     # Many short round trips: a 1 MB one takes ~0.5 ms, so its median needs hundreds to be stable.

@@ -4,7 +4,7 @@ times on a shared box mean little).
 - `ratio_spark_mllib_step_vs_single()`: per-step time of spark-mllib over single, one process, one
   run each, for a CI regression check.
 - `sweep_table(results_dir, suite)`: the batch-size sweep (bench/experiments/batch_sweep.toml) as a
-  table of per-step times and ratios; `python -m systems.spark.benchmarks --suite batch-sweep`.
+  table of per-step times and ratios; `python -m psbench.bench.regress.spark_benchmarks --suite batch-sweep`.
 
 Per-step time is the median interval between worker 0's consecutive steps (steady state: Spark
 session start, barrier/TorchDistributor launch and evaluations are excluded); mean_step_s (the
@@ -22,16 +22,16 @@ import pandas as pd
 
 
 def median_step_s(steps: list[dict[str, Any]] | pd.DataFrame) -> float:
-    from bench.records import median_step_interval
+    from psbench.core.records import median_step_interval
 
     value = median_step_interval(pd.DataFrame(steps))
     return float("nan") if value is None else value
 
 
 def _run(system: str, workers: int, options: dict[str, Any], **settings: Any) -> dict[str, float]:
-    from bench.records import Recorder
-    from bench.runner import plan
-    from bench.spec import RunSpec
+    from psbench.core.records import Recorder
+    from psbench.bench.harness.runner import plan
+    from psbench.core.spec import RunSpec
 
     spec = RunSpec(system=system, workers=workers, options=options, **settings)
     planned = plan(spec)

@@ -6,16 +6,14 @@
     ratio_consistency()      2 workers, 1 and 2 shards, BSP vs ASP vs SSP: samples/s and final accuracy
 
 Both sides of a ratio are measured in the same call, interleaved, so machine load cancels out as
-far as it can. Run all: `python -m systems.ps.benchmarks` (prints JSON).
+far as it can. Run all: `python -m psbench.bench.regress.ps_benchmarks` (prints JSON).
 """
 from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,15 +45,17 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
 
     import zmq
 
-    from systems.common import child_env
-    from systems.ps.launch import Child, Cluster, stop
-    from systems.ps.worker import KVWorker
+    from psbench.systems.common import child_env
+    from psbench.core.supervisor import Supervisor
+    from psbench.systems.ps.launch import Cluster
+    from psbench.systems.ps.worker import KVWorker
 
     reps = reps or {1: 40, 10: 15, 100: 5}
     out: dict[str, float] = {}
     port_file = tempfile.mktemp(prefix="psbench-echo-")
-    echo = subprocess.Popen([sys.executable, "-c", f"from systems.ps.benchmarks import _echo_server; "
-                             f"_echo_server({port_file!r})"], env=child_env(), start_new_session=True)
+    echo_sup = Supervisor()
+    echo_sup.spawn("echo", [sys.executable, "-c", f"from psbench.bench.regress.ps_benchmarks import _echo_server; "
+                            f"_echo_server({port_file!r})"], env=child_env())
     try:
         while not (os.path.exists(port_file) and open(port_file).read()):
             time.sleep(0.05)
@@ -88,7 +88,7 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
         raw.send_multipart([b"stop"])
         raw.close()
     finally:
-        stop([Child("echo", 0, echo, Path(port_file))])
+        echo_sup.stop()
         if os.path.exists(port_file):
             os.unlink(port_file)
     return out
@@ -97,8 +97,8 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
 # ---- (b) and (c): whole runs ----------------------------------------------------------------------
 
 def _run(system: str, workload: str, workers: int, options: dict[str, Any], **spec_kw: Any) -> dict[str, Any]:
-    from bench.benchmarks import run_summary
-    from bench.spec import RunSpec
+    from psbench.bench.harness.runner import run_summary
+    from psbench.core.spec import RunSpec
 
     return run_summary(RunSpec(system=system, workload=workload, workers=workers, options=options, **spec_kw))
 
@@ -148,7 +148,7 @@ def ratio_consistency(workload: str = "mlp-digits", epochs: int = 5) -> dict[str
 
 
 def main() -> int:
-    from systems.common import configure_threads
+    from psbench.systems.common import configure_threads
 
     configure_threads(1)
     which = sys.argv[1:] or ["roundtrip", "asp_vs_single", "consistency"]

@@ -55,8 +55,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.spec import RunSpec
-from workloads.errors import ConfigError
+from psbench.core.spec import RunSpec
+from psbench.core.errors import ConfigError
+from psbench.core.supervisor import Supervisor, stop_tree, tail
 
 LAUNCHERS = ("local", "netns", "ssh")
 SYSTEM_ROLES = {"ps": ("ps-server", "worker"), "ddp": ("worker",)}
@@ -178,8 +179,8 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
 
 
 def _check_system_options(system: str, options: dict[str, Any], source: str) -> None:
-    import systems
-    from systems.base import parse_options
+    from psbench import systems
+    from psbench.systems.base import parse_options
 
     cls = systems.get_system(system)
     try:
@@ -189,7 +190,7 @@ def _check_system_options(system: str, options: dict[str, Any], source: str) -> 
 
 
 def load(path: Path) -> ClusterFile:
-    from bench.matrix import load_config
+    from psbench.bench.harness.matrix import load_config
 
     return parse(load_config(path), str(path))
 
@@ -221,12 +222,12 @@ def plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
                token: str | None = None) -> list[PlannedRole]:
     """Every process of the run, in start order, with its argv (addresses resolved)."""
     spec = cf.spec
-    py = [python, "-m", "bench"]
+    py = [python, "-m", "psbench"]
     if spec.system == "ps":
-        from systems.base import parse_options
-        from systems.ps.adapter import PSOptions
-        from systems.ps.policies import resolve_lr
-        from workloads import get_workload
+        from psbench.systems.base import parse_options
+        from psbench.systems.ps.adapter import PSOptions
+        from psbench.systems.ps.policies import resolve_lr
+        from psbench.workloads import get_workload
 
         opts = parse_options(PSOptions, spec.options, "ps")
         w = get_workload(spec.workload)
@@ -246,7 +247,7 @@ def plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
                 "--init", "--timeout-s", repr(opts.step_timeout_s + 60), "--out", out], "worker", token_env, out=out))
         first = cf.role_hosts("worker")[0]
         out = f"{scratch}/final.npz"
-        roles.append(PlannedRole("ps-fetch", first, [python, "-m", "bench.cluster", "ps-fetch", "--servers",
+        roles.append(PlannedRole("ps-fetch", first, [python, "-m", "psbench.bench.lab.cluster", "ps-fetch", "--servers",
                                                      ",".join(servers), "--workload", spec.workload, "--seed",
                                                      str(spec.seed), "--out", out], "finish", token_env, out=out))
         return roles
@@ -282,25 +283,21 @@ class LocalHosts:
 
     def __init__(self, n: int):
         self.n = n
-        self.procs: list[subprocess.Popen] = []
+        self.supervisor = Supervisor()
 
     def __enter__(self) -> "LocalHosts":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for proc in self.procs:
-            _stop(proc)
+        self.supervisor.stop()
 
     def addr(self, host: int) -> str:
         return "127.0.0.1"
 
     def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
-        from systems.common import child_env
+        from psbench.systems.common import child_env
 
-        proc = subprocess.Popen(argv, env=child_env(env), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs.append(proc)
-        return proc
+        return self.supervisor.spawn(argv[0], argv, env=child_env(env), stdout=log, stderr=subprocess.STDOUT).proc
 
     def wait_listening(self, host: int, port: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -317,7 +314,7 @@ class NetnsHosts:
     """Every host is a namespace of a NetLab made from the file (caps included); removed on exit."""
 
     def __init__(self, cf: ClusterFile):
-        from bench.netlab import NetLab
+        from psbench.bench.lab.netlab import NetLab
 
         self.lab = NetLab(hosts=len(cf.hosts), caps_mbit=cf.caps())
 
@@ -332,7 +329,7 @@ class NetnsHosts:
         return self.lab.addr(host)
 
     def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
-        from systems.common import child_env
+        from psbench.systems.common import child_env
 
         return self.lab.exec(host, argv, env=child_env(env), stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)
@@ -341,23 +338,10 @@ class NetnsHosts:
         self.lab.wait_listening(host, port, timeout)
 
 
-def _stop(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    from bench.netlab import NetLab
-
-    NetLab._stop(proc, grace)
-
-
 # ---- running ----------------------------------------------------------------------------------
 
 class RoleFailed(RuntimeError):
     """A role of a cluster run exited non-zero or the run timed out; the message has its log tail."""
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").rstrip().splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 def _wait(started: list[tuple[PlannedRole, subprocess.Popen, Path]],
@@ -368,12 +352,12 @@ def _wait(started: list[tuple[PlannedRole, subprocess.Popen, Path]],
         codes = [p.poll() for _, p, _ in started]
         for (role, _, log), code in zip(started, codes):
             if code not in (None, 0):
-                raise RoleFailed(f"{role.name} on host {role.host} exited with {code}:\n{_tail(log)}")
+                raise RoleFailed(f"{role.name} on host {role.host} exited with {code}:\n{tail(log)}")
         if all(c == 0 for c in codes):
             return
         for role, proc, log in servers:
             if proc.poll() is not None:
-                raise RoleFailed(f"{role.name} on host {role.host} stopped early ({proc.returncode}):\n{_tail(log)}")
+                raise RoleFailed(f"{role.name} on host {role.host} stopped early ({proc.returncode}):\n{tail(log)}")
         if time.monotonic() > deadline:
             slow = [r.name for (r, _, _), c in zip(started, codes) if c is None]
             raise RoleFailed(f"cluster run timed out; still running: {', '.join(slow)}")
@@ -398,7 +382,7 @@ def execute(cf: ClusterFile, hosts, scratch: Path, token: str | None = None) -> 
                     try:
                         hosts.wait_listening(role.host, role.ready_port, max(1.0, min(60.0, deadline - time.monotonic())))
                     except TimeoutError as exc:
-                        raise RoleFailed(f"{role.name}: {exc}\n{_tail(log)}") from None
+                        raise RoleFailed(f"{role.name}: {exc}\n{tail(log)}") from None
             if stage == "server":
                 servers = started
                 continue
@@ -407,10 +391,10 @@ def execute(cf: ClusterFile, hosts, scratch: Path, token: str | None = None) -> 
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                _stop(proc)
+                stop_tree([proc])
     finally:
         for _, proc, _ in servers:
-            _stop(proc)
+            stop_tree([proc])
     return roles
 
 
@@ -422,7 +406,7 @@ def recorded_spec(cf: ClusterFile) -> RunSpec:
 def collect_ps(cf: ClusterFile, roles: list[PlannedRole], recorder) -> None:
     import numpy as np
 
-    from systems.common import evaluate_splits, prepare, record_evals, set_flat_params
+    from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 
     starts, ends, rows_by_worker = [], [], {}
     for role in (r for r in roles if r.stage == "worker"):
@@ -473,25 +457,25 @@ def collect_ddp(roles: list[PlannedRole], recorder) -> None:
 
 def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True):
     """Run the cluster file once; returns the RunResult (None if already complete and resume)."""
-    from bench.records import Recorder
-    from bench.runner import is_complete
-    from workloads import get_workload
+    from psbench.core.records import Recorder
+    from psbench.bench.harness.runner import is_complete
+    from psbench.workloads import get_workload
 
     if cf.launcher == "ssh":
         raise ConfigError("launcher \"ssh\" only prints the per-host commands: add --dry-run "
-                          "(running them needs ssh to each host; see bench/cluster.py)")
+                          "(running them needs ssh to each host; see bench/lab/cluster.py)")
     spec = recorded_spec(cf)
     if resume and is_complete(results_dir, cf.suite, spec):
         print(f"psbench: {spec.run_id} already complete in suite '{cf.suite}' (resume)", file=sys.stderr)
         return None
     if cf.launcher == "netns":
-        from bench.netlab import unavailable_reason
+        from psbench.bench.lab.netlab import unavailable_reason
 
         reason = unavailable_reason()
         if reason:
             raise ConfigError(f"launcher \"netns\" is not available here: {reason}")
     recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
-    from systems.common import prepare
+    from psbench.systems.common import prepare
 
     prep = prepare(cf.spec)  # validates the workload before any process starts
     recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
@@ -529,15 +513,15 @@ def dry_run(cf: ClusterFile) -> list[str]:
 # ---- the finisher role: final parameters from the shards, then shut them down ----------------
 
 def ps_fetch(argv: list[str] | None = None) -> int:
-    """`python -m bench.cluster ps-fetch --servers A,B --workload W --seed S --out final.npz`: runs on a
+    """`python -m psbench.bench.lab.cluster ps-fetch --servers A,B --workload W --seed S --out final.npz`: runs on a
     cluster host (it must reach the shards), saves params + shard stats, shuts the shards down."""
     import numpy as np
 
-    from bench.spec import RunSpec
-    from systems.common import prepare
-    from systems.ps.worker import ADMIN, KVWorker
+    from psbench.core.spec import RunSpec
+    from psbench.systems.common import prepare
+    from psbench.systems.ps.worker import ADMIN, KVWorker
 
-    p = argparse.ArgumentParser(prog="python -m bench.cluster ps-fetch")
+    p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.cluster ps-fetch")
     p.add_argument("--servers", required=True)
     p.add_argument("--workload", required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -559,4 +543,4 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["ps-fetch"]:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         sys.exit(ps_fetch(sys.argv[2:]))
-    sys.exit("usage: python -m bench.cluster ps-fetch ...")
+    sys.exit("usage: python -m psbench.bench.lab.cluster ps-fetch ...")

@@ -1,6 +1,6 @@
 """Tiny network probes: a TCP sink/source pair for throughput, and a pyzmq ping-pong for round-trip
 time and bandwidth. Used by the netlab tests (between namespaces) and by the simulator's calibration
-(on loopback). Run as `python -m bench.netprobe sink|source ...` inside a namespace.
+(on loopback). Run as `python -m psbench.bench.lab.netprobe sink|source ...` inside a namespace.
 
 Only loopback or 198.18.0.0/15 addresses are accepted (the project's network rule).
 """
@@ -29,7 +29,7 @@ def check_address(host: str) -> str:
         problem = f"address '{host}' is not an IPv4 address; allowed: 127.0.0.0/8 or 198.18.0.0/15"
     if problem:
         # Imported only here: `workloads` pulls in torch, and the probe must start fast in a namespace.
-        from workloads.errors import ConfigError
+        from psbench.core.errors import ConfigError
 
         raise ConfigError(problem)
     return host
@@ -154,7 +154,7 @@ def zmq_pingpong(host: str = "127.0.0.1", small_rounds: int = 200, big_bytes: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.netprobe", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.netprobe", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sink", help="receive one TCP stream, print JSON {bytes, seconds, mbit_s}")
     s.add_argument("--bind", required=True)

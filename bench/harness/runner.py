@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.records import Recorder, RunResult
-from bench.spec import RunSpec
-from systems import get_system
-from systems.base import parse_options
-from workloads import get_workload
-from workloads.errors import ConfigError
-from workloads.sharding import parse_strategy
+from psbench.core.records import Recorder, RunResult
+from psbench.core.spec import RunSpec
+from psbench.systems import get_system
+from psbench.systems.base import parse_options
+from psbench.workloads import get_workload
+from psbench.core.errors import ConfigError
+from psbench.workloads.sharding import parse_strategy
 
 
 @dataclass
@@ -119,3 +119,11 @@ def _progress(total: int, suite: str):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=f"suite {suite}", unit="run", file=sys.stderr, dynamic_ncols=True)
+
+
+def run_summary(spec: RunSpec) -> dict:
+    """Run a spec through the harness in this process (planned, recorded, nothing written); its summary."""
+    planned = plan(spec)
+    recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
+    planned.system_cls().run(spec, planned.options, recorder)
+    return recorder.summary()

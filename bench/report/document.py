@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.atomic import atomic_write_text
-from bench.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, draw_all, scaling_table,
+from psbench.core.atomic import atomic_write_text
+from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, draw_all, scaling_table,
                          sharding_runs)
-from bench.results import SuiteResults, load_suite
+from psbench.bench.harness.results import SuiteResults, load_suite
 
 PLOT_CAPTIONS = {
     "throughput_vs_workers": "Throughput (training samples per second, all workers together) against the number of workers.",

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, median_step_interval
-from workloads.errors import ConfigError
+from psbench.core.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, median_step_interval
+from psbench.core.errors import ConfigError
 
 REPORT_OUTPUTS = {"plots", "report.md", "report.html"}  # written by bench.report into the suite folder
 RUN_FILES = {"manifest.json", "steps.csv", "evals.csv", "events.csv", "shards.json"}
@@ -171,7 +171,7 @@ def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
 
 def _fill_defaults(runs: pd.DataFrame) -> pd.DataFrame:
     """Spec fields left None mean 'the workload's default': make batch size concrete so sweeps plot."""
-    from workloads import WORKLOADS
+    from psbench.workloads import WORKLOADS
 
     def default_batch(row: pd.Series) -> Any:
         if pd.notna(row["batch_size"]):

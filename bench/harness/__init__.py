@@ -1,0 +1,1 @@
+"""Run the harness: a RunSpec matrix from an experiment file, runs, records on disk."""

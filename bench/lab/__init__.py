@@ -1,0 +1,1 @@
+"""The host lab: network namespaces as hosts, cluster files, the bandwidth experiment."""

@@ -1,0 +1,1 @@
+"""The throughput regression check: ratios measured side by side, against a saved baseline."""

@@ -1,0 +1,1 @@
+"""The scale model: per-step cost of PS / ring allreduce / Spark, calibrated here, projected."""

@@ -1,0 +1,96 @@
+"""`psbench simulate`: calibrate or load the scale model (simulate.py), validate it against runs
+measured here (validate.py), and write the projection table and plot."""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from psbench.bench.sim.simulate import (PRESETS, Calibration, Validation, assumptions_text, calibrate,
+                                        default_scenarios, measure_spark_job_overhead, plot, projection_table,
+                                        write_validation)
+from psbench.bench.sim.validate import validate_local, validate_netlab
+from psbench.core.errors import ConfigError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--calibrate", metavar="WORKLOAD", default=None,
+                     help="measure compute time of WORKLOAD with the single system and loopback bandwidth here")
+    src.add_argument("--calibration", type=Path, help="a calibration JSON written by an earlier run")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="published setting instead of a measurement")
+    p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size projected (default 64)")
+    p.add_argument("--servers", type=int, default=8, help="shards of the sharded-PS curve (default 8)")
+    p.add_argument("--bandwidth-mbit", type=float, help="override the link bandwidth (Mbit/s), e.g. a cluster's")
+    p.add_argument("--rtt-us", type=float, help="override the round-trip time (microseconds)")
+    p.add_argument("--spark-job-ms", type=float, help="override Spark's per-job overhead (ms)")
+    p.add_argument("--measure-spark", action="store_true", help="with --calibrate: also time Spark jobs (slow)")
+    p.add_argument("--validate", action="store_true",
+                   help="with --calibrate: also run ps (bsp, asp) and ddp at 1-4 workers here, interleaved with the "
+                        "calibration runs, and report the model's error against them (bench/sim/validate.py)")
+    p.add_argument("--validate-steps", type=int, default=40, help="steps per validation run (default 40)")
+    p.add_argument("--validate-repeats", type=int, default=3, help="repeats per validation run (default 3)")
+    p.add_argument("--netlab", type=Path, metavar="CSV",
+                   help="also validate against the bandwidth experiment's table (results/netlab/bandwidth.csv)")
+    p.add_argument("--out", type=Path, default=Path("results/simulate"), help="output folder")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.batch_size < 1 or args.servers < 1:
+        raise ConfigError("--batch-size and --servers must be >= 1")
+    if args.validate and (args.preset or args.calibration):
+        raise ConfigError("--validate measures its own calibration: use it with --calibrate WORKLOAD (or alone)")
+    validations: list[tuple[str, Validation]] = []
+    if args.preset:
+        cal = PRESETS[args.preset]
+    elif args.calibration:
+        if not args.calibration.is_file():
+            raise ConfigError(f"calibration file {args.calibration} does not exist")
+        cal = Calibration.from_json(args.calibration.read_text())
+    elif args.validate:
+        cal, validation = validate_local(args.calibrate or "mlp-wide-synthetic", args.batch_size,
+                                         steps=args.validate_steps, repeats=args.validate_repeats)
+        validations.append(("loopback runs, 1-4 workers", validation))
+    else:
+        cal = calibrate(args.calibrate or "cnn-mnist1d")
+        if args.measure_spark:
+            cal = replace(cal, spark_job_overhead_s=measure_spark_job_overhead())
+    overrides: dict[str, Any] = {}
+    if args.bandwidth_mbit:
+        overrides["bandwidth_Bps"] = args.bandwidth_mbit * 1e6 / 8
+    if args.rtt_us:
+        overrides["rtt_s"] = args.rtt_us * 1e-6
+    if args.spark_job_ms:
+        overrides["spark_job_overhead_s"] = args.spark_job_ms * 1e-3
+    if overrides:
+        cal = replace(cal, source=cal.source + " + overrides " + ", ".join(overrides), **overrides)
+    if args.netlab:
+        import pandas as pd
+
+        if not args.netlab.is_file():
+            raise ConfigError(f"--netlab: {args.netlab} does not exist (run `psbench netlab bench` first)")
+        cores = cal.cores or os.cpu_count() or 1
+        validations.append(("netns bandwidth runs", validate_netlab(pd.read_csv(args.netlab), replace(cal, cores=cores))))
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if validations:
+        write_validation(validations, out / "validation.csv")
+    cal = replace(cal, cores=0)  # projections: a machine per worker
+    rows = projection_table(cal, default_scenarios(args.batch_size, args.servers))
+    (out / "calibration.json").write_text(cal.to_json())
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    from psbench.core.atomic import atomic_write_csv
+
+    atomic_write_csv(out / "projection.csv", table)
+    paths = plot(rows, cal, args.batch_size, out / "projection")
+    print("Assumptions: " + assumptions_text(cal, args.batch_size))
+    pivot = table.pivot(index="workers", columns="curve", values="efficiency")
+    with pd.option_context("display.width", 200, "display.float_format", "{:.1%}".format):
+        print("scaling efficiency:")
+        print(pivot.to_string())
+    print("wrote " + ", ".join(str(p) for p in [out / "calibration.json", out / "projection.csv", *paths]))
+    return 0

@@ -1,0 +1,5 @@
+import sys
+
+from psbench.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""One process supervisor for every launcher (PS, allreduce, host lab, cluster files).
+
+It spawns children with their output captured (a log file, or pipes), watches them, stops a whole
+process tree with a grace period (SIGTERM, then SIGKILL), and describes how a child exited. Children
+get their own session by default, so a stop reaches everything they started, and Ctrl-C at the
+terminal reaches only the launcher, which then stops them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import psutil
+
+STOP_GRACE_S = 3.0
+POLL_S = 0.1
+
+
+def describe_exit(rc: int) -> str:
+    """'exit code 3' or 'killed by SIGKILL'."""
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def tail(path: Path | None, n: int = 15) -> str:
+    """The last n lines of a log file ('' if it cannot be read)."""
+    if path is None:
+        return ""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").rstrip().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+@dataclass
+class Child:
+    """A started process: its name (for messages), role and index (for launchers), and its log."""
+    name: str
+    proc: subprocess.Popen
+    log_path: Path | None = None
+    role: str = ""
+    index: int = 0
+    started: float = field(default_factory=time.monotonic)
+    handled: bool = False  # the launcher dealt with its death (a lost worker, a restarted shard)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def failed(self) -> bool:
+        """Exited non-zero and not handled by the launcher."""
+        rc = self.proc.poll()
+        return rc not in (None, 0) and not self.handled
+
+    def describe(self) -> str:
+        rc = self.proc.poll()
+        return "running" if rc is None else describe_exit(rc)
+
+    def log_tail(self, n: int = 15) -> str:
+        return tail(self.log_path, n)
+
+
+def stop_tree(procs: Iterable[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop each process and everything it started: SIGTERM to its process group (when it leads
+    one) and to every descendant, up to grace_s to exit, then SIGKILL to what is left. grace_s=0
+    is a plain SIGKILL (fault injection: no chance to clean up)."""
+    procs = list(procs)
+    victims: list[psutil.Process] = []
+    groups: list[int] = []
+    for proc in procs:
+        if proc.poll() is not None:
+            continue
+        try:
+            parent = psutil.Process(proc.pid)
+            victims += parent.children(recursive=True) + [parent]
+            if os.getpgid(proc.pid) == proc.pid:
+                groups.append(proc.pid)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    alive = victims
+    if grace_s > 0:
+        _signal(victims, groups, signal.SIGTERM)
+        _, alive = psutil.wait_procs(victims, timeout=grace_s)
+    if alive:
+        _signal(alive, groups, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5.0)
+    for proc in procs:  # reap, so no zombie stays behind
+        try:
+            proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _signal(victims: Sequence[psutil.Process], groups: Sequence[int], sig: signal.Signals) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for v in victims:  # those outside the groups (a child that made its own session)
+        try:
+            if os.getpgid(v.pid) not in groups:
+                v.send_signal(sig)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+
+
+class Supervisor:
+    """Starts children and always stops them: `with Supervisor(log_dir) as sup: sup.spawn(...)`."""
+
+    def __init__(self, log_dir: Path | None = None, grace_s: float = STOP_GRACE_S):
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.grace_s = grace_s
+        self.children: list[Child] = []
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def spawn(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              log_path: Path | None = None, capture: bool = False, role: str = "", index: int = 0,
+              new_session: bool = True, **popen_kwargs: Any) -> Child:
+        """Start argv. Output goes to log_path (default log_dir/<name>.log), or to text pipes with
+        capture=True, or where popen_kwargs' stdout/stderr say."""
+        if capture:
+            popen_kwargs.setdefault("stdout", subprocess.PIPE)
+            popen_kwargs.setdefault("stderr", subprocess.PIPE)
+            popen_kwargs.setdefault("text", True)
+        elif "stdout" not in popen_kwargs:
+            if log_path is None and self.log_dir is not None:
+                log_path = self.log_dir / f"{name.replace(' ', '-')}.log"
+        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+        if log_path is not None and "stdout" not in popen_kwargs:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(list(argv), env=None if env is None else dict(env), stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=new_session, **popen_kwargs)
+        else:
+            proc = subprocess.Popen(list(argv), env=None if env is None else dict(env),
+                                    start_new_session=new_session, **popen_kwargs)
+        child = Child(name, proc, Path(log_path) if log_path is not None else None, role, index)
+        self.children.append(child)
+        return child
+
+    def adopt(self, name: str, proc: subprocess.Popen, log_path: Path | None = None) -> Child:
+        """Supervise a process started elsewhere (it is stopped with the others)."""
+        child = Child(name, proc, log_path)
+        self.children.append(child)
+        return child
+
+    def failed(self) -> list[Child]:
+        """Children that exited non-zero and were not handled, in start order."""
+        return [c for c in self.children if c.failed()]
+
+    def running(self, children: Iterable[Child] | None = None) -> list[Child]:
+        return [c for c in (self.children if children is None else children) if c.poll() is None]
+
+    def wait(self, children: Iterable[Child] | None = None, timeout_s: float | None = None) -> bool:
+        """Up to timeout_s in all for the children to exit; True if they all did."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for c in list(self.children if children is None else children):
+            try:
+                c.proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def stop(self, children: Iterable[Child] | None = None, grace_s: float | None = None) -> None:
+        """Stop the given children (default: all) and their process trees."""
+        targets = list(self.children if children is None else children)
+        stop_tree([c.proc for c in targets], self.grace_s if grace_s is None else grace_s)

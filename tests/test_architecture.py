@@ -1,0 +1,163 @@
+"""The layers of ARCHITECTURE.md, checked on the source: every import (at module level or inside a
+function) runs one way, core <- workloads <- systems <- harness <- report/lab/sim/regress <- cli,
+with no import cycle anywhere, and `psbench --help` / `psbench list` stay light."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# folder -> import name (pyproject.toml's package-dir)
+FOLDERS = {"psbench": "psbench", "bench": "psbench.bench", "systems": "psbench.systems", "workloads": "psbench.workloads"}
+# A module may import only modules of its own rank or below.
+RANKS = [
+    ("psbench.core", 0),
+    ("psbench.workloads", 1),
+    ("psbench.systems", 2),
+    ("psbench.bench.harness", 3),
+    ("psbench.bench.report", 4), ("psbench.bench.lab", 4), ("psbench.bench.sim", 4), ("psbench.bench.regress", 4),
+    ("psbench.bench.cli", 5), ("psbench.bench", 5), ("psbench.__main__", 6), ("psbench", 6),
+]
+
+
+def rank(module: str) -> int:
+    for prefix, r in RANKS:
+        if module == prefix or module.startswith(prefix + "."):
+            return r
+    raise AssertionError(f"{module} is in no layer; add it to RANKS and ARCHITECTURE.md")
+
+
+def source_modules() -> dict[str, Path]:
+    modules = {}
+    for folder, name in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([name, *parts])] = path
+    return modules
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules `module` imports anywhere in its file (functions included)."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            top = name.split(".")[0]
+            assert top not in ("bench", "systems", "workloads"), \
+                f"{module} imports '{name}': the project's modules are imported as psbench.{name}"
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = source_modules()
+    return {m: imports_of(m, p, set(modules)) for m, p in modules.items()}
+
+
+def test_every_import_points_down_the_layers():
+    wrong = [f"{m} (layer {rank(m)}) imports {d} (layer {rank(d)})"
+             for m, deps in import_graph().items() for d in sorted(deps) if rank(d) > rank(m)]
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle():
+    cycles = _cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_systems_import_nothing_of_the_harness():
+    graph = import_graph()
+    offenders = [f"{m} -> {d}" for m, deps in graph.items() if m.startswith(("psbench.systems", "psbench.workloads",
+                                                                            "psbench.core"))
+                 for d in deps if d.startswith("psbench.bench")]
+    assert not offenders
+
+
+def test_pyproject_lists_every_package():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {name: folder for folder, name in FOLDERS.items()}
+    packages = {m for m, p in source_modules().items() if p.name == "__init__.py"}
+    assert set(config["packages"]) == packages
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    modules = [m for m in source_modules() if not m.endswith("__main__")]
+    code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
+    proc = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["list"], ["run", "--help"]])
+def test_help_and_list_import_no_heavy_dependency(argv):
+    """`psbench --help` and `psbench list` load neither torch nor pyspark, zmq or an adapter."""
+    code = ("import sys\nfrom psbench.bench.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyspark', 'zmq', 'ray', 'horovod')"
+            " or m.startswith('psbench.systems.') and m != 'psbench.systems.base')\n"
+            "print('HEAVY', ' '.join(heavy))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    heavy = proc.stdout.rsplit("HEAVY", 1)[1].split()
+    if argv == ["run", "--help"]:  # the per-system option groups need the adapters' Options
+        assert "psbench.systems.ps.adapter" in heavy
+    else:
+        assert heavy == [], f"psbench {' '.join(argv)} imported {heavy[:8]}"
+    assert "usage" in proc.stdout or "systems:" in proc.stdout
