@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from psbench.core.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, median_step_interval
+from psbench.core.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, STEP_TIME_COLUMNS, median_step_interval
 from psbench.core.errors import ConfigError
 
 REPORT_OUTPUTS = {"plots", "report.md", "report.html"}  # written by bench.report into the suite folder
@@ -140,12 +140,14 @@ def _read_csv(file: Path, columns: list[str], run_id: str) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(f"{file}: corrupt CSV ({str(exc).splitlines()[0]})") from None
+    for col in (c for c in STEP_TIME_COLUMNS if c in columns and c not in frame.columns):
+        frame[col] = float("nan")  # written before steps carried a time breakdown
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise ConfigError(f"{file}: not a psbench {file.name}, missing column(s) {', '.join(missing)}")
     if len(frame) and set(frame["run_id"].astype(str)) != {run_id}:
         raise ConfigError(f"{file}: rows belong to another run than {run_id}")
-    for col in ("t_wall", "loss", "accuracy", "staleness", "bytes", "n_samples", "step"):
+    for col in ("t_wall", "loss", "accuracy", "staleness", "bytes", "n_samples", "step", *STEP_TIME_COLUMNS):
         if col in frame.columns:
             converted = pd.to_numeric(frame[col], errors="coerce")
             if converted.isna().sum() > frame[col].isna().sum():

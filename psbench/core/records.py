@@ -20,7 +20,13 @@ import pandas as pd
 from psbench.core.atomic import atomic_replace_dir, atomic_write_csv, atomic_write_json
 from psbench.core.spec import RunSpec
 
-STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_samples", "loss", "staleness", "bytes"]
+# A step row's time is split (seconds; empty where a system cannot tell): compute_s the real
+# gradient computation, emulated_s the sleep an emulated device or a straggler adds, comm_s moving
+# gradients and parameters, wait_s waiting on other workers (barrier, SSP block, allGather, the
+# slowest rank of a collective). t_wall is when the step ended on the training clock.
+STEP_TIME_COLUMNS = ["compute_s", "emulated_s", "comm_s", "wait_s"]
+STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_samples", "loss", "staleness", "bytes",
+                *STEP_TIME_COLUMNS]
 EVAL_COLUMNS = ["run_id", "system", "workload", "step", "t_wall", "split", "loss", "accuracy"]
 EVENT_COLUMNS = ["run_id", "kind", "t_wall", "step", "worker", "detail"]
 MANIFEST_VERSION = 1
@@ -32,6 +38,20 @@ class RunResult:
     out_dir: Path
     summary: dict[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
+
+
+def all_workers_window(steps: pd.DataFrame) -> tuple[float, float, int] | None:
+    """(start, end, samples) of the span in which every worker trains: from the last worker's first
+    step to the first worker's last step. Throughput over it is not diluted by fast asynchronous
+    workers that finish early and leave a slow one training alone (a per-worker step budget)."""
+    if len(steps) < 2:
+        return None
+    per_worker = steps.groupby("worker")["t_wall"]
+    start, end = float(per_worker.min().max()), float(per_worker.max().min())
+    if not end > start:
+        return None
+    inside = steps[(steps["t_wall"] > start) & (steps["t_wall"] <= end)]
+    return start, end, int(inside["n_samples"].sum())
 
 
 def median_step_interval(steps: pd.DataFrame) -> float | None:
@@ -99,16 +119,18 @@ class Recorder:
         return dict(self._id_fields)
 
     def step(self, worker: int, step: int, n_samples: int, loss: float, staleness: int | None = None,
-             nbytes: int | None = None, t_wall: float | None = None) -> None:
+             nbytes: int | None = None, t_wall: float | None = None, compute_s: float | None = None,
+             emulated_s: float | None = None, comm_s: float | None = None, wait_s: float | None = None) -> None:
         self.steps.append({**self._ids(), "worker": worker, "step": step,
                            "t_wall": self.now() if t_wall is None else t_wall, "n_samples": n_samples,
-                           "loss": float(loss), "staleness": staleness, "bytes": nbytes})
+                           "loss": float(loss), "staleness": staleness, "bytes": nbytes, "compute_s": compute_s,
+                           "emulated_s": emulated_s, "comm_s": comm_s, "wait_s": wait_s})
 
     def add_steps(self, rows: list[dict[str, Any]]) -> None:
         """Rows made in other processes (keys as in `step`, t_wall already on this run's clock)."""
         for row in rows:
             self.step(row["worker"], row["step"], row["n_samples"], row["loss"], row.get("staleness"),
-                      row.get("bytes"), row["t_wall"])
+                      row.get("bytes"), row["t_wall"], *(row.get(c) for c in STEP_TIME_COLUMNS))
 
     def eval(self, step: int, split: str, loss: float, accuracy: float, t_wall: float | None = None) -> None:
         self.evals.append({**self._ids(), "step": step, "t_wall": self.now() if t_wall is None else t_wall,
@@ -136,6 +158,8 @@ class Recorder:
             "steps": int(len(steps)),
             "mean_step_s": float(train_s / steps.groupby("worker")["step"].count().max()) if len(steps) else None,
             "median_step_s": median_step_interval(steps),
+            "window_samples_per_s": None,
+            "budget": self.spec.budget or ("steps per worker" if self.spec.max_steps else "epochs per worker"),
             "target_accuracy": self.target_accuracy,
             "time_to_target_s": None,
         }
@@ -149,6 +173,12 @@ class Recorder:
             hit = val[val["accuracy"] >= self.target_accuracy]
             if len(hit):
                 out["time_to_target_s"] = float(hit.iloc[0]["t_wall"])
+        window = all_workers_window(steps)
+        if window is not None:
+            out["window_samples_per_s"] = window[2] / (window[1] - window[0])
+        if "setup_s" in self.extra and out["time_to_target_s"] is not None:
+            # launch (process start, a Spark session) and hand-over costs are paid before the target
+            out["time_to_target_with_launch_s"] = out["time_to_target_s"] + float(self.extra["setup_s"])
         stale = steps["staleness"].dropna()
         if len(stale):
             values = stale.to_numpy(dtype=float)
@@ -187,6 +217,7 @@ class Recorder:
             "extra": self.extra,
             "versions": versions(),
             "git_sha": git_sha(),
+            "git_dirty": git_dirty(),
             "machine": machine(),
         }
         # The manifest is written last: its presence marks a complete run.
@@ -213,6 +244,16 @@ def git_sha() -> str | None:
                               capture_output=True, text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def git_dirty() -> bool | None:
+    """Whether the code that made a run differs from its git sha (uncommitted changes)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                             cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
 
 
 def machine() -> dict[str, Any]:

@@ -9,6 +9,9 @@ from typing import Any
 from psbench.core.errors import ConfigError
 
 
+OPTIONAL_IN_HASH = ("emulate_device", "stragglers", "budget")
+
+
 @dataclass(frozen=True)
 class RunSpec:
     system: str
@@ -23,6 +26,12 @@ class RunSpec:
     evals_per_epoch: int = 2
     data_dir: str | None = None
     options: dict[str, Any] = field(default_factory=dict)  # system-specific, validated by the system
+    # Cluster conditions (psbench.core.emulation): an emulated device and seeded stragglers.
+    emulate_device: str | None = None   # step_ms=X / example_ms=Y / a profile name
+    stragglers: str | None = None       # slow:W=F / transient:p=P,ms=MS / spread:lo=A,hi=B
+    # A global budget for asynchronous training (TensorFlow's global step): updates=N or samples=N
+    # summed over all workers; the PS stops every worker when its shards have applied that many.
+    budget: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -33,6 +42,10 @@ class RunSpec:
             (self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}"),
             (self.evals_per_epoch >= 1, f"evals_per_epoch must be >= 1, got {self.evals_per_epoch}"),
         ]
+        if self.budget is not None:
+            kind, _, value = str(self.budget).partition("=")
+            checks.append((kind in ("updates", "samples") and value.isdigit() and int(value) >= 1,
+                           f"budget must be updates=N or samples=N with N >= 1, got '{self.budget}'"))
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -49,8 +62,10 @@ class RunSpec:
         return cls(**raw)
 
     def config_hash(self) -> str:
-        """Stable over runs and machines; data_dir is excluded (same data, other path)."""
-        payload = {k: v for k, v in self.to_dict().items() if k != "data_dir"}
+        """Stable over runs and machines; data_dir is excluded (same data, other path), and so are
+        the cluster-condition settings when unset, so runs made before they existed keep their hash."""
+        payload = {k: v for k, v in self.to_dict().items()
+                   if k != "data_dir" and not (k in OPTIONAL_IN_HASH and v is None)}
         return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
     @property
