@@ -54,6 +54,19 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-steps", type=int, help="stop each worker after this many steps")
     g.add_argument("--evals-per-epoch", type=int, default=defaults.evals_per_epoch, help="evaluations per epoch (default 2)")
     g.add_argument("--data-dir", help="folder with MNIST IDX / CIFAR-10 binary files, for workloads that read files")
+    c = p.add_argument_group("cluster conditions (psbench/core/emulation.py)")
+    c.add_argument("--emulate-device", metavar="SPEC",
+                   help="each worker's mini-batch takes at least this long (the real gradient is computed, the "
+                        "rest slept): step_ms=X, example_ms=Y (x batch), both, or a profile: cluster-node, "
+                        "cluster-node-batch")
+    c.add_argument("--stragglers", metavar="SPEC",
+                   help="seeded stragglers: slow:W=F (worker W F times slower), transient:p=P,ms=MS (a step stalls "
+                        "MS ms with probability P), spread:lo=A,hi=B (per-worker factor ~ U(A,B)); join with +")
+    c.add_argument("--budget", metavar="KIND=N",
+                   help="a global budget for asynchronous training: updates=N or samples=N over all workers "
+                        "(ps; instead of --max-steps per worker)")
+    c.add_argument("--allow-oversubscribe", action="store_true",
+                   help="run even when workers + servers need more cores than this machine has (recorded)")
     o = p.add_argument_group("where results go")
     o.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
     o.add_argument("--suite", help="results sub-folder (default: the config's suite, or 'runs')")
@@ -119,9 +132,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         specs = [RunSpec(system=args.system, workload=args.workload, workers=args.workers, seed=args.seed,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
                          max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
-                         options=_options_from_args(args, args.system))]
+                         options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
+                         stragglers=args.stragglers, budget=args.budget)]
         suite = args.suite or "runs"
-    results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress)
+    allow = args.allow_oversubscribe or (args.config is not None and experiment.allow_oversubscribe)
+    results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,
+                      allow_oversubscribe=allow)
     _print_summaries([r for r in results if r is not None])
     print(f"results: {Path(args.results_dir) / suite}")
     return 0
@@ -178,7 +194,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         suite = experiment.suite + ("-quick" if args.quick else "")
         print(f"== {experiment.suite}: {experiment.description} ({len(experiment.specs)} runs)", file=sys.stderr)
         results = run_all(experiment.specs, args.results_dir, suite, resume=not args.no_resume,
-                          progress=not args.no_progress, skip_unavailable=True)
+                          progress=not args.no_progress, skip_unavailable=True,
+                          allow_oversubscribe=args.allow_oversubscribe or experiment.allow_oversubscribe)
         _print_summaries([r for r in results if r is not None])
         _report(Path(args.results_dir) / suite)
     return 0
@@ -235,6 +252,8 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
     p.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--allow-oversubscribe", action="store_true",
+                   help="run every experiment even where it needs more cores than this machine has (recorded)")
     p.set_defaults(func=cmd_bench)
 
     for name, (module, help_text) in EXTRA_COMMANDS.items():

@@ -4,7 +4,8 @@ The two systems differ only in a small `Comm` object (how gradients move, a barr
 few floats); everything else (data, steps, clock, evaluation, records, final state) is here.
 
 Files a worker writes into its job directory (read back by systems/allreduce_launch.py; no pickle):
-  rank{r}.steps.csv   one row per step: worker, step, t_wall, n_samples, loss, bytes
+  rank{r}.steps.csv   one row per step: worker, step, t_wall, n_samples, loss, bytes, and its time:
+                      compute_s, emulated_s, comm_s (communication + waiting; split by the launcher)
   rank{r}.meta.json   clock (t_start/t_end epoch seconds, paused_s), steps done; rank 0: evals
   weights.npy / momentum.npy   rank 0's final flat weights and SGD momentum buffers (raw float32)
   rank{r}.error.json  on an exception: time, rank, one-line summary and traceback
@@ -30,12 +31,12 @@ import torch
 from torch import nn
 
 from psbench.core.spec import RunSpec
-from psbench.systems.common import (Prepared, configure_threads, evaluate_splits, flat_params, forward_backward,
-                            make_optimizer, prepare)
+from psbench.systems.common import (Prepared, StepClock, compute_step, configure_threads, evaluate_splits,
+                                    flat_params, forward_backward, make_optimizer, prepare)
 
 # "RANK:STEP": that rank raises at that step. A test hook for failure handling, off unless set.
 FAULT_ENV = "PSBENCH_INJECT_FAULT"
-STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes"]
+STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes", "compute_s", "emulated_s", "comm_s"]
 
 # Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
 # sync phase on every rank (the decision is shared by one small reduction).
@@ -50,8 +51,11 @@ class Comm(Protocol):
     rank: int
     size: int
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Return (model to train, optimizer to step) such that step() applies averaged gradients."""
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+             clock: StepClock) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Return (model to train, optimizer to step) such that step() applies averaged gradients.
+        A system whose gradients start moving inside backward calls clock.computed() there first,
+        so the pacer's sleep comes before the communication, as a slower device's would."""
 
     def barrier(self) -> None: ...
 
@@ -164,7 +168,8 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     rank, world = comm.rank, comm.size
     model = prep.build_model()  # same seed on every rank: same initial weights
     loss_fn = prep.workload.loss_fn()
-    train_model, optimizer = comm.wrap(model, make_optimizer(model, prep.workload, prep.lr))
+    step_clock = StepClock(prep.pacer(rank))
+    train_model, optimizer = comm.wrap(model, make_optimizer(model, prep.workload, prep.lr), step_clock)
     n_steps = common_steps(prep, world)
     if max_steps is not None:
         n_steps = min(n_steps, max_steps)
@@ -202,11 +207,13 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
             break
         if fault is not None and step == fault:
             raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
-        loss = forward_backward(train_model, loss_fn, x, y)
+        loss = compute_step(train_model, loss_fn, x, y, step_clock, step)
         optimizer.step()
+        compute_s, emulated_s, rest_s = step_clock.split()
         done = step + 1
         result.step_rows.append({"worker": rank, "step": step, "t_wall": clock.now(), "n_samples": len(y),
-                                 "loss": loss, "bytes": nbytes})
+                                 "loss": loss, "bytes": nbytes, "compute_s": compute_s, "emulated_s": emulated_s,
+                                 "comm_s": rest_s})
         if step_stop is not None and done < n_steps:
             fire = rank == 0 and step_stop(done, loss)
             if comm.sum_floats([1.0 if fire else 0.0])[0] > 0:
@@ -221,6 +228,23 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     result.momentum = flat_momentum(model, optimizer)
     result.buffers = flat_buffers(model)
     return result
+
+
+def paced_ddp(model: nn.Module, clock: StepClock) -> nn.Module:
+    """DistributedDataParallel whose allreduce (DDP's own hook) starts with clock.computed(): when
+    the first gradient bucket is ready, the step's compute time is taken and an emulated device
+    pays its sleep, before the gradients move, as a slower device's would."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model)
+
+    def paced_allreduce(state, bucket):
+        clock.computed()
+        return allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(None, paced_allreduce)
+    return ddp
 
 
 # ---- the worker process ------------------------------------------------------------------

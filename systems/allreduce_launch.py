@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from psbench.core.supervisor import POLL_S, Supervisor
-from psbench.core.records import Recorder
+from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import read_state
 
@@ -96,12 +96,16 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
         recorder.extra["steps_per_worker"] = meta["steps"]
         for row in meta["evals"]:
             recorder.eval(row["step"], row["split"], row["loss"], row["accuracy"], t_wall=row["t_wall"])
+    rows = []
     for rank in ranks:
         with open(job / f"rank{rank}.steps.csv", newline="") as fh:
-            rows = [{"worker": int(r["worker"]), "step": int(r["step"]), "t_wall": float(r["t_wall"]),
-                     "n_samples": int(r["n_samples"]), "loss": float(r["loss"]),
-                     "bytes": int(r["bytes"]) if r["bytes"] else None} for r in csv.DictReader(fh)]
-        recorder.add_steps(rows)
+            rows += [{"worker": int(r["worker"]), "step": int(r["step"]), "t_wall": float(r["t_wall"]),
+                      "n_samples": int(r["n_samples"]), "loss": float(r["loss"]),
+                      "bytes": int(r["bytes"]) if r["bytes"] else None,
+                      **{c: float(r[c]) if r.get(c) else None for c in ("compute_s", "emulated_s", "comm_s")}}
+                     for r in csv.DictReader(fh)]
+    split_sync_wait(rows)  # an allreduce waits for the slowest rank
+    recorder.add_steps(rows)
     if state_out is not None and has_rank0:
         Path(state_out).mkdir(parents=True, exist_ok=True)
         for name in ("weights.npy", "momentum.npy", "buffers.npy"):

@@ -2,7 +2,9 @@
 views of parameters and gradients. Systems differ only in how gradients and parameters move."""
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -10,11 +12,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from psbench.core.emulation import Pacer, pacer_for
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
 from psbench.workloads import Dataset, Workload, get_workload
 from psbench.workloads.sharding import ShardPlan, make_shards
 
+BUDGET_STEP_CAP = 10 ** 9  # per-worker steps under a global budget: never the limit
 TRAIN_EVAL_EXAMPLES = 2048  # training metrics are measured on a fixed subset, for speed
 
 
@@ -44,18 +48,33 @@ class Prepared:
     def steps_per_epoch(self, worker: int = 0) -> int:
         return max(1, math.ceil(len(self.plan.shards[worker]) / self.batch_size))
 
+    def budget_updates(self, samples_per_update: int) -> int | None:
+        """The global budget in server updates (--budget updates=N, or samples=N over the samples
+        one update carries: a batch under asp/ssp, every worker's batch under bsp), or None."""
+        if self.spec.budget is None:
+            return None
+        kind, _, n = self.spec.budget.partition("=")
+        return int(n) if kind == "updates" else math.ceil(int(n) / samples_per_update)
+
     def total_steps(self, worker: int = 0) -> int:
+        if self.spec.budget is not None:  # the global budget ends the run, not a per-worker count
+            return BUDGET_STEP_CAP
         steps = self.epochs * self.steps_per_epoch(worker)
         return min(steps, self.spec.max_steps) if self.spec.max_steps else steps
 
     def eval_every(self, worker: int = 0) -> int:
         return max(1, self.steps_per_epoch(worker) // self.spec.evals_per_epoch)
 
+    def pacer(self, worker: int) -> Pacer:
+        """This worker's emulated device and straggler schedule (inactive when the spec sets none)."""
+        s = self.spec
+        return pacer_for(s.emulate_device, s.stragglers, s.workload, worker, s.workers, s.seed)
+
     def batches(self, worker: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """(step, x, y) over the worker's shard, reshuffled each epoch, until total_steps."""
         shard = self.plan.shards[worker]
         step = 0
-        for epoch in range(self.epochs):
+        for epoch in (itertools.count() if self.spec.budget is not None else range(self.epochs)):
             order = np.random.default_rng((self.spec.seed, worker, epoch)).permutation(shard)
             for start in range(0, len(order), self.batch_size):
                 if step >= self.total_steps(worker):
@@ -83,6 +102,51 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: t
     loss = loss_fn(model(x), y)
     loss.backward()
     return float(loss.detach())
+
+
+class StepClock:
+    """Times one worker step, the same way in every system: the real gradient computation, then
+    the pacer's sleep (an emulated device or a straggler: the rest of the step's target time), and
+    whatever follows (moving gradients and parameters, waiting on other workers).
+
+        loss = compute_step(model, loss_fn, x, y, clock, step); <communicate>
+        compute_s, emulated_s, rest_s = clock.split()
+    """
+
+    def __init__(self, pacer: Pacer):
+        self.pacer = pacer
+        self.start = 0.0
+        self.step = self.batch = 0
+        self.compute_s: float | None = None
+        self.emulated_s = 0.0
+
+    def begin(self, step: int, batch: int) -> None:
+        self.start = time.perf_counter()
+        self.step, self.batch = step, batch
+        self.compute_s, self.emulated_s = None, 0.0
+
+    def computed(self) -> None:
+        """The gradient is ready: take the compute time and pay the pacer (once per step; DDP's
+        gradient hook calls this inside backward, before the allreduce starts)."""
+        if self.compute_s is None:
+            self.compute_s = time.perf_counter() - self.start
+            self.emulated_s = self.pacer.pad(self.step, self.batch, self.compute_s)
+
+    def split(self) -> tuple[float, float, float]:
+        """(compute_s, emulated_s, the rest of the step so far)."""
+        total = time.perf_counter() - self.start
+        compute = self.compute_s if self.compute_s is not None else total
+        return compute, self.emulated_s, max(0.0, total - compute - self.emulated_s)
+
+
+def compute_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor, clock: StepClock,
+                 step: int) -> float:
+    """The one worker step every system runs: the real gradient of a mini-batch, then the pacer's
+    sleep. Starts the step's clock; returns the loss."""
+    clock.begin(step, len(y))
+    loss = forward_backward(model, loss_fn, x, y)
+    clock.computed()
+    return loss
 
 
 @torch.no_grad()

@@ -31,7 +31,8 @@ from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 
 SPEC_FIELDS = {f.name for f in fields(RunSpec)}
-TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "report"}
+TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "report",
+                  "allow_oversubscribe"}
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Experiment:
     specs: list[RunSpec]
     report: dict[str, Any] = field(default_factory=dict)  # hints for the report (which plots/tables)
     source: Path | None = None
+    allow_oversubscribe: bool = False  # run even where the CPU budget says the cores are oversubscribed
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -111,7 +113,7 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
     # in machine load hits every system alike rather than whichever ran last.
     specs.sort(key=lambda spec: spec.seed)
     return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
-                      config.get("report", {}), source)
+                      config.get("report", {}), source, bool(config.get("allow_oversubscribe", False)))
 
 
 def _matches(run: dict[str, Any], exclude: dict[str, Any]) -> bool:

@@ -4,14 +4,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from psbench.core.emulation import parse_device, parse_stragglers, real_share, stall_schedule
 from psbench.core.records import Recorder, RunResult
 from psbench.core.spec import RunSpec
-from psbench.systems import get_system
+from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
 from psbench.workloads import get_workload
 from psbench.core.errors import ConfigError
@@ -23,10 +26,12 @@ class PlannedRun:
     spec: RunSpec
     system_cls: type
     options: Any
+    conditions: dict[str, Any] = field(default_factory=dict)  # emulation and CPU budget, for the manifest
 
 
-def plan(spec: RunSpec) -> PlannedRun:
-    """Validate everything about a spec before any run starts: names, values, options, availability."""
+def plan(spec: RunSpec, allow_oversubscribe: bool = False) -> PlannedRun:
+    """Validate everything about a spec before any run starts: names, values, options, availability,
+    cluster conditions, and whether the run fits the cores (see cpu_budget)."""
     system_cls = get_system(spec.system)
     workload = get_workload(spec.workload)
     parse_strategy(spec.sharding)
@@ -42,7 +47,76 @@ def plan(spec: RunSpec) -> PlannedRun:
     reason = system_cls.unavailable_reason()
     if reason:
         raise ConfigError(f"system '{spec.system}' is not available here: {reason}")
-    return PlannedRun(spec, system_cls, options)
+    device, stragglers = parse_device(spec.emulate_device), parse_stragglers(spec.stragglers)
+    if stragglers is not None and any(w >= spec.workers for w in stragglers.slow):
+        raise ConfigError(f"--stragglers '{spec.stragglers}' slows worker(s) "
+                          f"{sorted(w for w in stragglers.slow if w >= spec.workers)}; workers are 0..{spec.workers - 1}")
+    if spec.budget is not None and not getattr(system_cls, "global_budget", False):
+        raise ConfigError(f"--budget (a global budget for asynchronous training) applies to systems with a global "
+                          f"step: {', '.join(n for n in names() if getattr(get_system(n), 'global_budget', False))}; "
+                          f"'{spec.system}' takes --max-steps or --epochs per worker")
+    conditions = cpu_budget(spec, system_cls, options, device, stragglers, allow_oversubscribe)
+    return PlannedRun(spec, system_cls, options, conditions)
+
+
+_COMPUTE_CACHE: dict[tuple[str, int], tuple[float, int]] = {}
+
+
+def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
+    """Median CPU time of one mini-batch of the spec's workload here (1 thread), measured once per
+    (workload, batch): what an emulated device's target is compared with. CPU time, not wall time,
+    so a busy machine does not inflate it. Returns (seconds, the model's parameter count)."""
+    from psbench.systems.common import configure_threads, forward_backward, prepare
+
+    prep = prepare(RunSpec(spec.system, spec.workload, batch_size=spec.batch_size, max_steps=12, epochs=100,
+                           data_dir=spec.data_dir))
+    key = (spec.workload, prep.batch_size)
+    if key not in _COMPUTE_CACHE:
+        configure_threads(1)
+        model, loss_fn = prep.build_model(), prep.workload.loss_fn()
+        times = []
+        for _, x, y in prep.batches(0):
+            t = time.thread_time()
+            forward_backward(model, loss_fn, x, y)
+            times.append(time.thread_time() - t)
+        _COMPUTE_CACHE[key] = (statistics.median(times[2:]), sum(p.numel() for p in model.parameters()))
+    return _COMPUTE_CACHE[key]
+
+
+def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers,
+               allow_oversubscribe: bool) -> dict[str, Any]:
+    """The cores a run keeps busy: each worker its share of a step spent computing (1 without an
+    emulated device; compute / target with one, the rest is sleep), plus the system's own
+    processes (system_cls.extra_cpu: PS shards, a Spark driver). More than this machine's cores is
+    refused, or recorded as oversubscribed with allow_oversubscribe."""
+    cores = os.cpu_count() or 1
+    extra = 0.0
+    if device is None:
+        share = 1.0  # compute-bound workers keep a core each; the system's processes only add to that
+    else:
+        batch = spec.batch_size or get_workload(spec.workload).batch_size
+        compute_s, n_params = measured_compute_s(spec)
+        share = real_share(device, stragglers, spec.workload, batch, compute_s, spec.workers, spec.seed)
+        steps_per_s = sum(1.0 / max(compute_s, device.target_s(spec.workload, batch)
+                                    * (stragglers.factor(w, spec.workers, spec.seed) if stragglers else 1.0))
+                          for w in range(spec.workers))
+        if hasattr(system_cls, "extra_cpu"):
+            extra = float(system_cls.extra_cpu(options, steps_per_s, n_params))
+    if device is None and hasattr(system_cls, "extra_cpu"):
+        extra = float(system_cls.extra_cpu(options, float("inf"), 0))
+    workers_demand = spec.workers * share
+    demand = workers_demand + extra
+    conditions = {"emulate_device": device.describe() if device is not None else None,
+                  "stragglers": stragglers.text if stragglers is not None else None,
+                  "worker_compute_share": round(share, 4), "cpu_demand": round(demand, 3), "cores": cores,
+                  "oversubscribed": demand > cores + 1e-9}
+    if conditions["oversubscribed"] and not allow_oversubscribe:
+        hint = ("emulate a device (--emulate-device step_ms=20) so workers sleep most of each step, "
+                if device is None else "a slower emulated device, ")
+        raise ConfigError(f"run {spec.run_id} needs about {demand:.1f} cores ({spec.workers} workers x "
+                          f"{share:.2f} compute share + {extra:.1f} for the system's own processes), this machine "
+                          f"has {cores}: use {hint}fewer workers, or --allow-oversubscribe (recorded in the manifest)")
+    return conditions
 
 
 def run_dir(results_dir: Path, suite: str, spec: RunSpec) -> Path:
@@ -77,20 +151,33 @@ def clean_staging(results_dir: Path, suite: str) -> None:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def run_one(planned: PlannedRun, results_dir: Path, suite: str) -> RunResult:
+def record_run(planned: PlannedRun) -> Recorder:
+    """Run a planned spec in this process: its records, its conditions and the stalls it met."""
     spec = planned.spec
     recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
+    recorder.extra["conditions"] = planned.conditions
+    if planned.conditions.get("oversubscribed"):
+        print(f"psbench: warning: {spec.run_id} oversubscribes the cores (about {planned.conditions['cpu_demand']:.1f}"
+              f" for {planned.conditions['cores']}); recorded as oversubscribed", file=sys.stderr)
     planned.system_cls().run(spec, planned.options, recorder)
-    return recorder.finish(results_dir, suite)
+    for worker, step, ms in stall_schedule(spec.stragglers, spec.seed, [(r["worker"], r["step"]) for r in recorder.steps]):
+        t_wall = next(r["t_wall"] for r in recorder.steps if r["worker"] == worker and r["step"] == step)
+        recorder.event("stall", step=step, worker=worker, t_wall=t_wall, ms=ms)
+    return recorder
+
+
+def run_one(planned: PlannedRun, results_dir: Path, suite: str) -> RunResult:
+    return record_run(planned).finish(results_dir, suite)
 
 
 def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = True,
-            progress: bool = True, skip_unavailable: bool = False) -> list[RunResult | None]:
+            progress: bool = True, skip_unavailable: bool = False,
+            allow_oversubscribe: bool = False) -> list[RunResult | None]:
     """Validate all, then run each spec not already complete; returns results (None = skipped)."""
     planned: list[PlannedRun | None] = []
     for spec in specs:
         try:
-            planned.append(plan(spec))
+            planned.append(plan(spec, allow_oversubscribe))
         except ConfigError as exc:
             if skip_unavailable and "is not available here" in str(exc):
                 print(f"psbench: skipping {spec.run_id}: {exc}", file=sys.stderr)
@@ -121,9 +208,6 @@ def _progress(total: int, suite: str):
     return tqdm(total=total, desc=f"suite {suite}", unit="run", file=sys.stderr, dynamic_ncols=True)
 
 
-def run_summary(spec: RunSpec) -> dict:
+def run_summary(spec: RunSpec, allow_oversubscribe: bool = False) -> dict:
     """Run a spec through the harness in this process (planned, recorded, nothing written); its summary."""
-    planned = plan(spec)
-    recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
-    planned.system_cls().run(spec, planned.options, recorder)
-    return recorder.summary()
+    return record_run(plan(spec, allow_oversubscribe)).summary()

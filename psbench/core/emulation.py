@@ -162,15 +162,18 @@ class Pacer:
         return base * self.factor()
 
     def pad(self, step: int, batch: int, compute_s: float) -> float:
-        """Sleep what the step still owes; returns the seconds slept (the emulated part)."""
+        """Sleep what the step still owes; returns the seconds actually slept (the emulated part:
+        an oversleep of a loaded machine is counted here, not hidden in the next phase)."""
         if not self.active:
             return 0.0
         owed = max(0.0, self.target_s(batch, compute_s) - compute_s)
         if self.stragglers is not None:
             owed += self.stragglers.stall_s(self.worker, step, self.seed)
-        if owed > 0:
-            time.sleep(owed)
-        return owed
+        if owed <= 0:
+            return 0.0
+        start = time.perf_counter()
+        time.sleep(owed)
+        return time.perf_counter() - start
 
 
 def pacer_for(emulate_device: str | None, stragglers: str | None, workload: str, worker: int, n_workers: int,

@@ -54,6 +54,20 @@ def all_workers_window(steps: pd.DataFrame) -> tuple[float, float, int] | None:
     return start, end, int(inside["n_samples"].sum())
 
 
+def split_sync_wait(rows: list[dict[str, Any]]) -> None:
+    """Rows of a synchronous exchange carry comm_s = communication + waiting for the others. The
+    worker that reaches step k last waits for nobody, so the least comm_s among the workers at step
+    k is the communication; each worker's excess over it is waiting (wait_s). In place."""
+    least: dict[int, float] = {}
+    for r in rows:
+        if r.get("comm_s") is not None:
+            least[r["step"]] = min(least.get(r["step"], r["comm_s"]), r["comm_s"])
+    for r in rows:
+        if r.get("comm_s") is not None:
+            r["wait_s"] = r["comm_s"] - least[r["step"]]
+            r["comm_s"] = least[r["step"]]
+
+
 def median_step_interval(steps: pd.DataFrame) -> float | None:
     """Median time between a worker's consecutive steps, over all workers: the per-mini-batch cost
     without process launch, start-up or evaluation pauses (which the mean over the run includes)."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from psbench.systems.allreduce_common import exit_now, worker_main
+from psbench.systems.allreduce_common import exit_now, paced_ddp, worker_main
+from psbench.systems.common import StepClock
 
 
 class DDPComm:
@@ -25,10 +25,11 @@ class DDPComm:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         self.rank, self.size = rank, world
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+             clock: StepClock) -> tuple[nn.Module, torch.optim.Optimizer]:
         # DDP broadcasts rank 0's parameters at construction and averages gradients in backward;
         # the optimizer already holds the same parameter tensors.
-        return DistributedDataParallel(model), optimizer
+        return paced_ddp(model, clock), optimizer
 
     def barrier(self) -> None:
         dist.barrier()

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from psbench.systems.allreduce_common import exit_now, worker_main
+from psbench.systems.common import StepClock
 
 
 class HorovodComm:
@@ -21,7 +22,8 @@ class HorovodComm:
         self.rank, self.size = hvd.rank(), hvd.size()
         self._n = 0
 
-    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+             clock: StepClock) -> tuple[nn.Module, torch.optim.Optimizer]:
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)

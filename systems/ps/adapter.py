@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from psbench.core.records import Recorder
+from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
 from psbench.systems.common import (Prepared, configure_threads, evaluate_splits, flat_buffers, flat_params, prepare,
@@ -206,12 +206,14 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         recorder.event(e["kind"], step=e["step"], worker=e["worker"], t_wall=e["t"] - go_t0, **e["detail"])
     with recorder.paused():
         steps: dict[int, int] = {}
+        rows = []
         for w, rep in sorted(reports.items()):
             cols = rep.rows
-            recorder.add_steps([{"worker": w, "step": s, "t_wall": t, "n_samples": ns, "loss": lo, "staleness": st,
-                                 "bytes": b} for s, t, ns, lo, st, b in zip(cols["step"], cols["t_wall"],
-                                 cols["n_samples"], cols["loss"], cols["staleness"], cols["bytes"])])
+            rows += [{"worker": w, **dict(zip(cols, values))} for values in zip(*(cols[c] for c in cols))]
             steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
+        if parse_consistency(options.consistency)[0] != "asp":
+            split_sync_wait(rows)  # bsp/ssp: a blocked push+pull is mostly waiting for the others
+        recorder.add_steps(rows)
         if init_buffers is not None and len(init_buffers):
             set_flat_buffers(model, init_buffers)
         buffers0 = flat_buffers(model)
@@ -235,9 +237,29 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     return PhaseResult(final, momentum, steps, stats, final_buffers)
 
 
+# CPU a shard spends on one push+pull: decoding, the policy and SGD, encoding (about 0.1-0.2 ms in
+# Python for small models, profiled for the PS speed work), plus touching its slice of the
+# gradient and parameters twice at ~2 GB/s.
+SHARD_CPU_PER_UPDATE_S = 0.3e-3
+SHARD_BYTES_PER_S = 2e9
+
+
+def shard_cpu(servers: int, steps_per_s: float, n_params: int) -> float:
+    """Cores the shards keep busy when the workers push steps_per_s updates in all (each shard sees
+    every push, for its slice of the keys); a shard never uses more than one core."""
+    per_update = SHARD_CPU_PER_UPDATE_S + 2 * 4 * n_params / servers / SHARD_BYTES_PER_S
+    return servers * min(1.0, steps_per_s * per_update)
+
+
 class PSSystem:
     name = "ps"
     Options = PSOptions
+
+    global_budget = True  # --budget updates=N / samples=N: the shards' global step stops every worker
+
+    @staticmethod
+    def extra_cpu(options: PSOptions, steps_per_s: float, n_params: int) -> float:
+        return shard_cpu(options.servers, steps_per_s, n_params)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -43,7 +43,8 @@ class WorkerReport:
     lost: bool = False  # the worker died: rows are those it sent before (progress reports)
 
 
-ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")
+ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes", "compute_s", "emulated_s", "comm_s",
+               "wait_s")
 
 
 @dataclass

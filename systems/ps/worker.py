@@ -270,21 +270,30 @@ class Trainer:
             np.copyto(self.views[k], a)
 
     def run(self, t0: float) -> WorkerResult:
-        from psbench.systems.common import forward_backward
+        from psbench.systems.common import StepClock, compute_step
+        from psbench.systems.ps.launch import ROW_COLUMNS
 
         prep, kv, worker_id, params = self.prep, self.kv, self.worker_id, self.params
         tensors, _ = kv.pull(step=self.start_step)
         self.load(tensors)
         every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
-        cols: dict[str, list] = {c: [] for c in ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")}
+        cols: dict[str, list] = {c: [] for c in ROW_COLUMNS}
         out = WorkerResult(cols)
+        clock = StepClock(prep.pacer(worker_id))
+        bsp = str(prep.spec.options.get("consistency", "asp")) == "bsp"  # one bsp update: every worker's batch
+        budget = prep.budget_updates(prep.batch_size * (prep.spec.workers if bsp else 1))
 
-        def finish(step: int, n_samples: int, loss: float, flight: InFlight) -> None:
-            """Take step's reply: load the fresh parameters, record the row (and a snapshot)."""
+        def finish(step: int, n_samples: int, loss: float, flight: InFlight, times: tuple[float, float]) -> None:
+            """Take step's reply: load the fresh parameters, record the row (and a snapshot).
+            comm_s: the whole push+pull (a pipelined push: only the time blocked on its reply);
+            the adapter splits off the wait for other workers under bsp/ssp."""
+            blocked = time.perf_counter()
             reply = kv.push_wait(flight)
             self.load(reply.params)
+            blocked = time.perf_counter() - blocked
+            comm = blocked if self.pipeline else clock.split()[2]
             t = time.time() - t0
-            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes)):
+            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes, *times, comm, 0.0)):
                 cols[name].append(value)
             if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
                 out.snapshot_steps.append(step + 1)
@@ -301,7 +310,8 @@ class Trainer:
             if self.progress is not None and (halt or time.monotonic() >= next_progress):
                 self.progress(step, {c: v[sent:] for c, v in cols.items()}, halt)
                 sent, next_progress = len(cols["step"]), time.monotonic() + PROGRESS_EVERY_S
-            loss = forward_backward(self.model, self.loss_fn, x, y)
+            loss = compute_step(self.model, self.loss_fn, x, y, clock, step)
+            times = (clock.compute_s, clock.emulated_s)
             # fresh arrays every step (forward_backward sets .grad to None), so a push still being
             # sent zero-copy keeps its values while the next backward runs
             grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
@@ -309,9 +319,11 @@ class Trainer:
                 based_on = list(kv.versions)  # the parameters these gradients were computed on
                 if in_flight is not None:
                     finish(*in_flight)
-                in_flight = (step, len(y), loss, kv.push_start(keys, grads, step, True, based_on))
+                in_flight = (step, len(y), loss, kv.push_start(keys, grads, step, True, based_on), times)
             else:
-                finish(step, len(y), loss, kv.push_start(keys, grads, step, True))
+                finish(step, len(y), loss, kv.push_start(keys, grads, step, True), times)
+            if budget is not None and min(kv.versions) >= budget:
+                break  # the global step reached the budget (TensorFlow's global step, seen in each reply)
         if in_flight is not None:
             finish(*in_flight)
         out.final_buffers = self.flat_buffers()

@@ -4,8 +4,8 @@ from __future__ import annotations
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.base import NoOptions
-from psbench.systems.common import (configure_threads, evaluate_splits, forward_backward, make_optimizer, prepare,
-                            record_evals)
+from psbench.systems.common import (StepClock, compute_step, configure_threads, evaluate_splits, make_optimizer,
+                                    prepare, record_evals)
 
 
 class SingleSystem:
@@ -25,14 +25,17 @@ class SingleSystem:
         loss_fn = prep.workload.loss_fn()
         optimizer = make_optimizer(model, prep.workload, prep.lr)
         every = prep.eval_every()
+        clock = StepClock(prep.pacer(0))
         recorder.start_clock()
         with recorder.paused():
             record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
         step = 0
         for step, x, y in prep.batches(0):
-            loss = forward_backward(model, loss_fn, x, y)
+            loss = compute_step(model, loss_fn, x, y, clock, step)
             optimizer.step()
-            recorder.step(0, step, len(y), loss, staleness=None)
+            compute_s, emulated_s, rest_s = clock.split()  # rest: the optimizer step, computed here too
+            recorder.step(0, step, len(y), loss, staleness=None, compute_s=compute_s + rest_s, emulated_s=emulated_s,
+                          comm_s=0.0, wait_s=0.0)
             if (step + 1) % every == 0:
                 with recorder.paused():
                     record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))

@@ -16,14 +16,16 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from psbench.core.records import Recorder
+from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
-from psbench.systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
+from psbench.core.emulation import pacer_for
+from psbench.systems.common import (StepClock, compute_step, configure_threads, evaluate_splits, flat_grads, flat_params,
                             record_evals, set_flat_params)
 from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
                                       injected_failure)
-from psbench.systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
+from psbench.systems.spark.session import (SPARK_DRIVER_CPU, SparkOptions, error_line, pyspark_unavailable_reason,
+                                           start_session)
 from psbench.core.errors import ConfigError
 
 
@@ -53,6 +55,7 @@ class Plan:
     eval_every: int
     fail_at_step: int
     workers: int
+    spec: RunSpec  # for the pacer: emulated device and stragglers
 
 
 def _train_fn(plan: Plan):
@@ -70,14 +73,16 @@ def _train_fn(plan: Plan):
         context.barrier()  # every task is up: training starts together
         t_ready = time.time()
         rows, snapshots = [], []
+        spec = plan.spec
+        clock = StepClock(pacer_for(spec.emulate_device, spec.stragglers, spec.workload, block.worker, spec.workers,
+                                    spec.seed))
         for step in range(plan.total_steps):
             injected_failure(step, plan.fail_at_step, block.worker, plan.workers)
-            t0 = time.perf_counter()
             x, y = block.batch(step)
-            loss = forward_backward(model, loss_fn, x, y)
+            loss = compute_step(model, loss_fn, x, y, clock, step)
             message = encode(flat_grads(model) * len(y), len(y), loss)
             t1 = time.perf_counter()
-            messages = context.allGather(message)
+            messages = context.allGather(message)  # moves the gradients and waits for every task
             t2 = time.perf_counter()
             total = np.zeros(n_params, dtype=np.float64)
             n_total = 0
@@ -94,7 +99,8 @@ def _train_fn(plan: Plan):
             t3 = time.perf_counter()
             rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
                          "bytes": len(message) + sum(len(m) for m in messages),
-                         "compute_s": t1 - t0, "allgather_s": t2 - t1, "update_s": t3 - t2})
+                         "compute_s": clock.compute_s + (t3 - t2), "emulated_s": clock.emulated_s,
+                         "comm_s": t2 - t1, "allgather_s": t2 - t1, "update_s": t3 - t2})
             if rank == 0 and ((step + 1) % plan.eval_every == 0 or step + 1 == plan.total_steps):
                 snapshots.append((step + 1, time.time(), flat_params(model)))
         yield {"rank": rank, "rows": rows, "snapshots": snapshots, "t_start": t_start, "t_ready": t_ready}
@@ -104,6 +110,10 @@ def _train_fn(plan: Plan):
 class SparkBarrierSystem:
     name = "spark-barrier"
     Options = BarrierOptions
+
+    @staticmethod
+    def extra_cpu(options: BarrierOptions, steps_per_s: float, n_params: int) -> float:
+        return SPARK_DRIVER_CPU
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -115,7 +125,7 @@ class SparkBarrierSystem:
         prep, data = cached_shards(sc, spec, recorder)
         model = prep.build_model()
         loss_fn = prep.workload.loss_fn()
-        plan = Plan(ModelSpec.of(prep), common_steps(prep), prep.eval_every(), options.fail_at_step, spec.workers)
+        plan = Plan(ModelSpec.of(prep), common_steps(prep), prep.eval_every(), options.fail_at_step, spec.workers, spec)
         group = f"psbench-{spec.run_id}-{time.time_ns()}"
 
         recorder.start_clock()
@@ -135,9 +145,11 @@ class SparkBarrierSystem:
         recorder.stop_clock()
 
         rows = sorted((r for res in results for r in res["rows"]), key=lambda r: (r["step"], r["worker"]))
+        split_sync_wait(rows)  # allGather returns when the slowest task has sent
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
-                          t_wall=to_clock(r["t_epoch"]))
+                          t_wall=to_clock(r["t_epoch"]), compute_s=r["compute_s"], emulated_s=r["emulated_s"],
+                          comm_s=r["comm_s"], wait_s=r["wait_s"])
             recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
                            compute_s=r["compute_s"], allgather_s=r["allgather_s"], update_s=r["update_s"])
         rank0 = next(res for res in results if res["rank"] == 0)

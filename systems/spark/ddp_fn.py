@@ -14,10 +14,10 @@ def train(payload: dict[str, Any]) -> None:
     t_enter = time.time()
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     from psbench.core.spec import RunSpec
-    from psbench.systems.common import configure_threads, flat_params, forward_backward, make_optimizer, prepare
+    from psbench.systems.allreduce_common import paced_ddp
+    from psbench.systems.common import StepClock, compute_step, configure_threads, flat_params, make_optimizer, prepare
     from psbench.systems.spark.partitions import common_steps, injected_failure
 
     configure_threads(1)
@@ -26,7 +26,8 @@ def train(payload: dict[str, Any]) -> None:
     spec = RunSpec.from_dict(payload["spec"])
     prep = prepare(spec)
     model = prep.build_model()  # same seed on every rank (DDP also broadcasts rank 0's weights)
-    ddp = DistributedDataParallel(model)
+    clock = StepClock(prep.pacer(rank))
+    ddp = paced_ddp(model, clock)
     loss_fn = prep.workload.loss_fn()
     optimizer = make_optimizer(model, prep.workload, prep.lr)
     total, every = common_steps(prep), prep.eval_every()
@@ -38,11 +39,12 @@ def train(payload: dict[str, Any]) -> None:
         if step >= total:
             break
         injected_failure(step, payload["fail_at_step"], rank, world)
-        t0 = time.perf_counter()
-        loss = forward_backward(ddp, loss_fn, x, y)  # backward allreduces the gradients (gloo)
+        loss = compute_step(ddp, loss_fn, x, y, clock, step)  # backward allreduces the gradients (gloo)
         optimizer.step()
+        compute_s, emulated_s, comm_s = clock.split()
         rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
-                     "bytes": 2 * n_params * 4 * (world - 1) // world, "step_s": time.perf_counter() - t0})
+                     "bytes": 2 * n_params * 4 * (world - 1) // world, "step_s": time.perf_counter() - clock.start,
+                     "compute_s": compute_s, "emulated_s": emulated_s, "comm_s": comm_s})
         if rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             snapshots.append((step + 1, time.time(), flat_params(model)))
     # Every rank ran the same step count: gather the rows as one float64 tensor (no pickled objects).
@@ -54,7 +56,7 @@ def train(payload: dict[str, Any]) -> None:
         write_result(payload["result_path"], torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
 
 
-ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s")
+ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s", "compute_s", "emulated_s", "comm_s")
 _INT_FIELDS = {"worker", "step", "n_samples", "bytes"}
 
 

@@ -14,11 +14,13 @@ import torch
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
-from psbench.systems.common import (configure_threads, evaluate_splits, flat_grads, flat_params, forward_backward,
-                                    make_optimizer, record_evals, set_flat_params, split_flat)
+from psbench.core.emulation import pacer_for
+from psbench.systems.common import (StepClock, compute_step, configure_threads, evaluate_splits, flat_grads,
+                                    flat_params, make_optimizer, record_evals, set_flat_params, split_flat)
 from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_model, cached_shards, common_steps,
                                       injected_failure)
-from psbench.systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
+from psbench.systems.spark.session import (SPARK_DRIVER_CPU, SparkOptions, error_line, pyspark_unavailable_reason,
+                                           start_session)
 from psbench.core.errors import ConfigError
 
 # One partition's contribution: (sum of per-example gradients, sum of losses, examples, per-worker rows)
@@ -35,20 +37,24 @@ class MllibOptions(SparkOptions):
             raise ConfigError(f"option tree_depth must be >= 1, got {self.tree_depth}")
 
 
-def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: int, workers: int):
-    """The task code of one step: the partition's mini-batch gradient at the broadcast weights."""
+def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: int, spec: RunSpec):
+    """The task code of one step: the partition's mini-batch gradient at the broadcast weights,
+    paced like every system's worker step (an emulated device, stragglers)."""
     def gradient(blocks: Iterator[ShardBlock]) -> Iterator[Partial]:
         start = time.perf_counter()
         configure_threads(1)
         model, loss_fn = cached_model(model_spec)
         set_flat_params(model, weights.value)
         for block in blocks:
-            injected_failure(step, fail_at_step, block.worker, workers)
+            injected_failure(step, fail_at_step, block.worker, spec.workers)
             x, y = block.batch(step)
-            loss = forward_backward(model, loss_fn, x, y)
+            clock = StepClock(pacer_for(spec.emulate_device, spec.stragglers, spec.workload, block.worker,
+                                        spec.workers, spec.seed))
+            loss = compute_step(model, loss_fn, x, y, clock, step)
             n = len(y)
             grad = flat_grads(model).astype(np.float64) * n
-            yield grad, loss * n, n, [(block.worker, n, loss, time.perf_counter() - start, os.getpid())]
+            yield grad, loss * n, n, [(block.worker, n, loss, time.perf_counter() - start, os.getpid(),
+                                       clock.compute_s, clock.emulated_s)]
     return gradient
 
 
@@ -59,6 +65,10 @@ def _add(a: Partial, b: Partial) -> Partial:
 class SparkMllibSystem:
     name = "spark-mllib"
     Options = MllibOptions
+
+    @staticmethod
+    def extra_cpu(options: MllibOptions, steps_per_s: float, n_params: int) -> float:
+        return SPARK_DRIVER_CPU
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -98,9 +108,15 @@ class SparkMllibSystem:
                 driver_rows.append({"t_wall": t_wall, "step_s": t3 - t0, "broadcast_s": t1 - t0,
                                     "driver_job_s": t2 - t1, "update_s": t3 - t2,
                                     "task_python_s": max(r[3] for r in rows)})
-                for worker, n_w, loss_w, _, _ in sorted(rows):
+                # Time: each task's compute and emulated sleep; waiting for the slowest task of the job;
+                # the rest of the step (broadcast, scheduling, task launch, treeAggregate, update) is
+                # what Spark spends moving the model and gradients.
+                slowest = max(r[5] + r[6] for r in rows)
+                for worker, n_w, loss_w, _, _, compute_s, emulated_s in sorted(rows):
                     # down: the broadcast weights (float32); up: the partial gradient sum (float64)
-                    recorder.step(worker, step, n_w, loss_w, nbytes=n_params * 4 + n_params * 8, t_wall=t_wall)
+                    recorder.step(worker, step, n_w, loss_w, nbytes=n_params * 4 + n_params * 8, t_wall=t_wall,
+                                  compute_s=compute_s, emulated_s=emulated_s, comm_s=max(0.0, t3 - t0 - slowest),
+                                  wait_s=slowest - compute_s - emulated_s)
                 if (step + 1) % every == 0:
                     with recorder.paused():
                         record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))
@@ -119,7 +135,7 @@ class SparkMllibSystem:
         """One mini-batch as one Spark job; a failed job becomes one clear line, not a JVM stack trace."""
         zero: Partial = (np.zeros(n_params), 0.0, 0, [])
         try:
-            return data.mapPartitions(_gradient_fn(model_spec, weights, step, options.fail_at_step, spec.workers)
+            return data.mapPartitions(_gradient_fn(model_spec, weights, step, options.fail_at_step, spec)
                                       ).treeAggregate(zero, _add, _add, depth=options.tree_depth)
         except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
             raise RuntimeError(f"spark-mllib: the Spark job of step {step} failed: {error_line(exc)}") from None

@@ -17,6 +17,9 @@ from psbench.core.errors import ConfigError
 
 LOCAL_DEFAULT = "local[N]"  # the default master: local mode with one task slot per worker
 _MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+)$")
+# Cores counted for the driver JVM (scheduling, broadcast, aggregation) in a run's CPU budget: it is
+# busy between the workers' compute phases, never a whole core for long on these workloads.
+SPARK_DRIVER_CPU = 0.5
 LOG4J_FILE = Path(__file__).resolve().parent / "log4j2.properties"
 
 

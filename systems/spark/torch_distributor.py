@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from psbench.core.records import Recorder
+from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
 from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 from psbench.systems.spark.partitions import clock_mapper
-from psbench.systems.spark.session import SparkOptions, error_line, pyspark_unavailable_reason, start_session
+from psbench.systems.spark.session import (SPARK_DRIVER_CPU, SparkOptions, error_line, pyspark_unavailable_reason,
+                                           start_session)
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class TorchOptions(SparkOptions):
 class SparkTorchSystem:
     name = "spark-torch"
     Options = TorchOptions
+
+    @staticmethod
+    def extra_cpu(options: TorchOptions, steps_per_s: float, n_params: int) -> float:
+        return SPARK_DRIVER_CPU
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -80,9 +85,11 @@ class SparkTorchSystem:
             result = ddp_fn.read_result(payload["result_path"])
 
         rows = sorted(result["rows"], key=lambda r: (r["step"], r["worker"]))
+        split_sync_wait(rows)  # DDP's allreduce waits for the slowest rank
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
-                          t_wall=to_clock(r["t_epoch"]))
+                          t_wall=to_clock(r["t_epoch"]), compute_s=r["compute_s"], emulated_s=r["emulated_s"],
+                          comm_s=r["comm_s"], wait_s=r["wait_s"])
             recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
                            step_s=r["step_s"])
         for step, t_epoch, weights in result["snapshots"]:

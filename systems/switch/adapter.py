@@ -7,8 +7,9 @@ and batch stream, for the rest of the step budget. One run, one clock, one set o
 Hand-over: the DDP ranks stop together after the step where the criterion fired; rank 0's state
 goes through the job directory (raw .npy) into the PS shards (`init`), whose state is read back
 and compared bit for bit before the PS workers start (manifest: extra.switch.handover_exact).
-Process start-up of phase 2 is kept off the training clock, like each pure system's start-up
-(a deployment would keep the PS warm); its length is in extra.switch.handover_s.
+The hand-over (phase 2's processes starting, loading data, the shards taking the state) is on the
+training clock: a switch pays it before its async phase trains, so time to accuracy includes it.
+Its length is also shown on its own: extra.switch.handover_s and a `handover` event.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import common_steps, read_buffers, read_state
 from psbench.systems.base import option
 from psbench.systems.common import Prepared, configure_threads, prepare
-from psbench.systems.ps.adapter import PSOptions, PSSystem, run_ps_phase
+from psbench.systems.ps.adapter import PSOptions, PSSystem, run_ps_phase, shard_cpu
 from psbench.systems.ps.policies import parse_consistency
 from psbench.systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
 from psbench.core.errors import ConfigError
@@ -119,6 +120,11 @@ class SwitchSystem:
     name = "switch"
     Options = SwitchOptions
 
+    @staticmethod
+    def extra_cpu(options: SwitchOptions, steps_per_s: float, n_params: int) -> float:
+        """The async phase's PS shards (the sync phase has none)."""
+        return shard_cpu(options.servers, steps_per_s, n_params)
+
     @classmethod
     def unavailable_reason(cls) -> str | None:
         from psbench.systems.ddp.adapter import DDPSystem
@@ -154,9 +160,9 @@ class SwitchSystem:
             if HANDOVER_HOOK is not None:
                 HANDOVER_HOOK({"phase1_weights": phase1.weights, "phase1_momentum": phase1.momentum,
                                "server_params": params, "server_momentum": momentum})
-            # Phase 2's start-up (processes, data loading) stays off the clock: resume at phase 1's end.
+            # Phase 2's start-up (processes, data loading, the state hand-over) stays on the clock.
             handover["s"] = time.time() - wall_end
-            recorder.adopt_clock(recorder.t0, None, time.time() - recorder.t0 - phase1.t_end)
+            recorder.event("handover", step=phase1.steps, seconds=handover["s"], exact=handover["exact"])
 
         result = run_ps_phase(prep, options.ps_options(options.async_consistency), recorder,
                               init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
