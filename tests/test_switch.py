@@ -156,3 +156,18 @@ def test_cli_bad_criterion_exits_2_with_one_line(tmp_path):
 
 def test_registered():
     assert get_system("switch") is SwitchSystem
+
+
+def test_handover_is_on_the_training_clock(switched):
+    """The async phase's start-up is paid on the clock: its first step comes at least the hand-over
+    after the switch, and the hand-over is also shown on its own (manifest and a `handover` event)."""
+    _, recorder, result, _ = switched
+    info = recorder.extra["switch"]
+    steps = pd.read_csv(result.out_dir / "steps.csv")
+    first_async = steps[steps["step"] >= SWITCH_STEP]["t_wall"].min()
+    assert info["handover_s"] > 0.1  # processes start, data loads, the shards take the state
+    assert first_async - info["switch_t_wall"] >= info["handover_s"]
+    events = pd.read_csv(result.out_dir / "events.csv")
+    handover = events[events["kind"] == "handover"]
+    assert len(handover) == 1 and json.loads(handover["detail"].iloc[0])["seconds"] == pytest.approx(info["handover_s"])
+    assert recorder.summary()["train_s"] >= info["switch_t_wall"] + info["handover_s"]

@@ -132,7 +132,8 @@ class PhaseResult:
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
                  fail_worker_at: tuple[int, int] | None = None, init_buffers: np.ndarray | None = None,
-                 before_go: Callable[[KVWorker], None] | None = None) -> PhaseResult:
+                 before_go: Callable[[KVWorker], None] | None = None,
+                 start_t_wall: float | None = None) -> PhaseResult:
     """Train prep.spec's workload on the PS from `init_params` (default: the seeded model) and
     optimizer state `init_momentum`, workers continuing at `start_step` with BatchNorm running
     statistics `init_buffers` (default: the seeded model's). Records step rows and evaluations
@@ -217,7 +218,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         if init_buffers is not None and len(init_buffers):
             set_flat_buffers(model, init_buffers)
         buffers0 = flat_buffers(model)
-        evals = [(start_step, t_start, np.concatenate([flat0, buffers0]))]
+        # The starting weights are evaluated as of when they existed (a switch: its sync phase's end).
+        evals = [(start_step, t_start if start_t_wall is None else start_t_wall, np.concatenate([flat0, buffers0]))]
         rep0 = reports.get(0)
         if rep0 is not None:
             evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))

@@ -1,0 +1,188 @@
+"""Cluster conditions on one machine (psbench/core/emulation.py): emulated device speed, seeded
+stragglers, the per-step time breakdown, the CPU budget, the global budget, stall events, and the
+Strategy-Switch hand-over on the training clock. Timing checks compare figures measured side by side
+in one run (a straggler's step against its peers'), or bound a sleep from below."""
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from psbench.bench.cli import main
+from psbench.bench.harness.runner import plan, record_run
+from psbench.core.emulation import Pacer, parse_device, parse_stragglers, stall_schedule
+from psbench.core.errors import ConfigError
+from psbench.core.records import STEP_TIME_COLUMNS, split_sync_wait
+from psbench.core.spec import RunSpec
+
+
+def steps_of(spec: RunSpec, allow: bool = False) -> tuple[pd.DataFrame, object]:
+    recorder = record_run(plan(spec, allow_oversubscribe=allow))
+    return pd.DataFrame(recorder.steps), recorder
+
+
+# ---- parsing and the schedule ------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, target_ms", [("step_ms=20", 20.0), ("example_ms=0.5", 16.0),
+                                             ("step_ms=2,example_ms=0.5", 18.0), ("cluster-node", 20.0)])
+def test_device_targets(text, target_ms):
+    assert parse_device(text).target_s("mlp-digits", 32) * 1e3 == pytest.approx(target_ms)
+
+
+@pytest.mark.parametrize("text", ["step=3", "step_ms=0", "step_ms=-1", "step_ms=2,step_ms=3", "gpu"])
+def test_bad_device_is_one_clear_error(text):
+    with pytest.raises(ConfigError, match="step_ms=X and/or example_ms=Y|must be > 0"):
+        parse_device(text)
+
+
+@pytest.mark.parametrize("text", ["slow:x=3", "slow:1=0.5", "transient:p=2,ms=10", "transient:p=0.1",
+                                  "spread:lo=3,hi=1", "fast:1=2", "slow"])
+def test_bad_stragglers_are_one_clear_error(text):
+    with pytest.raises(ConfigError, match="--stragglers"):
+        parse_stragglers(text)
+
+
+def test_straggler_schedule_is_seeded_and_the_same_for_every_system():
+    s = parse_stragglers("transient:p=0.05,ms=100+spread:lo=1,hi=4.5")
+    pairs = [(w, k) for w in range(4) for k in range(400)]
+    a = stall_schedule(s.text, 3, pairs)
+    assert a == stall_schedule(s.text, 3, pairs)                 # same seed: the same stalls
+    assert a != stall_schedule(s.text, 4, pairs)                 # another seed: others
+    assert 40 <= len(a) <= 120                                   # ~5% of 1600 steps
+    factors = [s.factor(w, 4, 3) for w in range(4)]
+    assert factors == [s.factor(w, 4, 3) for w in range(4)] and factors[0] == 1.0
+    assert all(1.0 <= f <= 4.5 for f in factors) and len(set(factors)) == 4
+
+
+def test_pacer_sleeps_the_rest_of_the_target_and_counts_what_it_slept():
+    pacer = Pacer(parse_device("step_ms=30"), parse_stragglers("slow:1=2"), "mlp-digits", 1, 2, 0)
+    start = time.perf_counter()
+    slept = pacer.pad(step=0, batch=32, compute_s=0.005)
+    elapsed = time.perf_counter() - start
+    assert slept >= 0.055 and elapsed >= slept   # 2 x 30 ms target, 5 ms of it computed
+    assert Pacer(None, None, "mlp-digits", 0, 1, 0).pad(0, 32, 0.001) == 0.0
+
+
+def test_split_sync_wait_gives_the_last_arrival_no_wait():
+    rows = [{"worker": 0, "step": 0, "comm_s": 0.05}, {"worker": 1, "step": 0, "comm_s": 0.01},
+            {"worker": 0, "step": 1, "comm_s": 0.02}, {"worker": 1, "step": 1, "comm_s": 0.06}]
+    split_sync_wait(rows)
+    assert [(r["comm_s"], round(r["wait_s"], 9)) for r in rows] == [(0.01, 0.04), (0.01, 0.0), (0.02, 0.0),
+                                                                    (0.02, 0.04)]
+
+
+# ---- runs ---------------------------------------------------------------------------------------
+
+def test_single_step_takes_the_emulated_device_time():
+    """20 ms a step: the real compute (~1 ms) plus the sleep; the step interval is not shorter, and
+    not much longer either."""
+    steps, rec = steps_of(RunSpec("single", "mlp-digits", max_steps=60, emulate_device="step_ms=20"))
+    busy = steps["compute_s"] + steps["emulated_s"]
+    assert busy.median() >= 0.0195
+    interval = steps["t_wall"].diff().dropna().median()
+    assert 0.0195 <= interval <= 0.030
+    assert (steps["emulated_s"] > 0).mean() > 0.9 and (steps["comm_s"] == 0).all()  # a load spike may exceed 20 ms
+    assert rec.extra["conditions"]["emulate_device"]["step_ms"] == 20.0
+
+
+def test_ps_straggler_under_asp_and_bsp():
+    """4 workers, 20 ms devices, worker 1 three times slower, side by side: its step is ~3x the
+    others' in compute+sleep; under bsp the others wait for it, under asp nobody waits."""
+    common = dict(workers=4, max_steps=30, emulate_device="step_ms=20", stragglers="slow:1=3")
+    for consistency in ("asp", "bsp"):
+        steps, rec = steps_of(RunSpec("ps", "mlp-digits", options={"consistency": consistency}, **common))
+        assert steps[STEP_TIME_COLUMNS].notna().all().all()
+        busy = (steps["compute_s"] + steps["emulated_s"]).groupby(steps["worker"]).median()
+        ratio = busy[1] / statistics.median([busy[0], busy[2], busy[3]])
+        assert 2.4 <= ratio <= 3.6, (consistency, busy.to_dict())
+        wait = steps.groupby("worker")["wait_s"].median()
+        if consistency == "asp":
+            assert (steps["wait_s"] == 0).all()
+        else:
+            assert min(wait[0], wait[2], wait[3]) > 0.02 > wait[1]   # ~40 ms waiting for worker 1
+        assert rec.extra["conditions"]["oversubscribed"] is False
+
+
+def test_ddp_breakdown_splits_wait_for_the_slow_rank():
+    steps, _ = steps_of(RunSpec("ddp", "mlp-digits", workers=3, max_steps=20, emulate_device="step_ms=15",
+                                stragglers="slow:2=3"))
+    assert steps[STEP_TIME_COLUMNS].notna().all().all()
+    assert (steps.groupby("step")["wait_s"].min() < 1e-9).all()   # the last to arrive waits for nobody
+    wait = steps.groupby("worker")["wait_s"].median()
+    assert wait[0] > 0.015 and wait[1] > 0.015 and wait[2] < 0.005
+
+
+def test_stalls_are_recorded_as_events_from_the_seeded_schedule():
+    spec = RunSpec("single", "mlp-digits", max_steps=40, stragglers="transient:p=0.2,ms=5", seed=1)
+    steps, rec = steps_of(spec)
+    stalls = [(e["worker"], e["step"]) for e in rec.events if e["kind"] == "stall"]
+    expected = [(w, k) for w, k, _ in stall_schedule(spec.stragglers, 1, [(0, k) for k in range(40)])]
+    assert stalls == expected and len(stalls) >= 2
+    stalled = steps.set_index("step").loc[[k for _, k in stalls], "emulated_s"]
+    assert (stalled >= 0.005).all()
+
+
+def test_oversubscription_is_refused_or_recorded():
+    spec = RunSpec("ps", "mlp-digits", workers=4, max_steps=5)
+    with pytest.raises(ConfigError, match=r"needs about .* cores.*--allow-oversubscribe"):
+        plan(spec)
+    assert plan(spec, allow_oversubscribe=True).conditions["oversubscribed"] is True
+    emulated = RunSpec("ps", "mlp-digits", workers=8, max_steps=5, emulate_device="step_ms=20")
+    conditions = plan(emulated).conditions
+    assert conditions["oversubscribed"] is False and conditions["cpu_demand"] < 2
+
+
+def test_cli_refuses_oversubscription_with_exit_2(capsys, tmp_path):
+    rc = main(["run", "--system", "ddp", "-np", "4", "--workload", "mlp-digits", "--max-steps", "2",
+               "--results-dir", str(tmp_path), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("psbench: error:") and "--allow-oversubscribe" in err[0]
+    assert not any(tmp_path.rglob("manifest.json"))
+
+
+def test_global_budget_stops_async_workers_together():
+    """updates=120 over 4 asp workers, one 3x slower: the run ends when the shards have applied 120
+    updates (plus those in flight), the fast workers having done most of them."""
+    steps, rec = steps_of(RunSpec("ps", "mlp-digits", workers=4, budget="updates=120", emulate_device="step_ms=10",
+                                  stragglers="slow:1=3", options={"consistency": "asp"}))
+    assert 120 <= len(steps) <= 124
+    per_worker = steps.groupby("worker").size()
+    assert per_worker[1] < 0.6 * per_worker[0]
+    summary = rec.summary()
+    assert summary["budget"] == "updates=120" and summary["window_samples_per_s"] > 0
+
+
+def test_global_budget_only_where_there_is_a_global_step():
+    with pytest.raises(ConfigError, match="global budget.*ps"):
+        plan(RunSpec("ddp", "mlp-digits", workers=2, budget="samples=1000"))
+    with pytest.raises(ConfigError, match="budget must be updates=N or samples=N"):
+        RunSpec("ps", "mlp-digits", budget="steps=3")
+
+
+def test_window_throughput_is_not_diluted_by_a_lone_slow_worker():
+    """With a per-worker step budget the fast asp workers finish early; throughput over the span in
+    which all train is what the cluster delivers while it is whole."""
+    steps, rec = steps_of(RunSpec("ps", "mlp-digits", workers=4, max_steps=30, emulate_device="step_ms=10",
+                                  stragglers="slow:1=3", options={"consistency": "asp"}))
+    summary = rec.summary()
+    assert summary["window_samples_per_s"] > 1.5 * summary["samples_per_s"]
+
+
+def test_unset_conditions_keep_old_run_hashes():
+    """Runs recorded before the cluster-condition fields existed keep their config hash (resume)."""
+    assert RunSpec("single", "mlp-digits").config_hash() == "5de5de39db"
+    assert RunSpec("single", "mlp-digits", emulate_device="step_ms=5").config_hash() != "5de5de39db"
+
+
+def test_results_without_time_columns_still_load():
+    from psbench.bench.harness.results import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parent.parent / "results" / "reference" / "baseline")
+    assert set(STEP_TIME_COLUMNS) <= set(suite.steps.columns)
+    assert suite.steps["compute_s"].isna().all()
+    assert np.isfinite(suite.steps["t_wall"]).all()
