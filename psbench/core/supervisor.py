@@ -74,47 +74,59 @@ class Child:
 
 def stop_tree(procs: Iterable[subprocess.Popen], grace_s: float = STOP_GRACE_S) -> None:
     """Stop each process and everything it started: SIGTERM to its process group (when it leads
-    one) and to every descendant, up to grace_s to exit, then SIGKILL to what is left. grace_s=0
-    is a plain SIGKILL (fault injection: no chance to clean up)."""
-    procs = list(procs)
-    victims: list[psutil.Process] = []
+    one), to itself and to every descendant, up to grace_s to exit, then SIGKILL to what is left.
+    grace_s=0 is a plain SIGKILL (fault injection: no chance to clean up). Our own children are
+    reaped through their Popen, so their exit codes stay readable (psutil would reap them first,
+    and Popen would then report 0 for a killed child)."""
+    procs = [p for p in procs if p.poll() is None]
+    descendants: list[psutil.Process] = []
     groups: list[int] = []
     for proc in procs:
-        if proc.poll() is not None:
-            continue
         try:
-            parent = psutil.Process(proc.pid)
-            victims += parent.children(recursive=True) + [parent]
+            descendants += psutil.Process(proc.pid).children(recursive=True)
             if os.getpgid(proc.pid) == proc.pid:
                 groups.append(proc.pid)
         except (psutil.NoSuchProcess, ProcessLookupError):
             pass
-    alive = victims
-    if grace_s > 0:
-        _signal(victims, groups, signal.SIGTERM)
-        _, alive = psutil.wait_procs(victims, timeout=grace_s)
-    if alive:
-        _signal(alive, groups, signal.SIGKILL)
-        psutil.wait_procs(alive, timeout=5.0)
-    for proc in procs:  # reap, so no zombie stays behind
-        try:
-            proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            pass
+    first = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
+    _signal(procs, descendants, groups, first)
+    deadline = time.monotonic() + max(0.0, grace_s)
+    _wait(procs, descendants, deadline)
+    if first != signal.SIGKILL and (any(p.poll() is None for p in procs) or any(d.is_running() for d in descendants)):
+        _signal([p for p in procs if p.poll() is None], [d for d in descendants if d.is_running()], groups,
+                signal.SIGKILL)
+    _wait(procs, descendants, time.monotonic() + 5.0)
 
 
-def _signal(victims: Sequence[psutil.Process], groups: Sequence[int], sig: signal.Signals) -> None:
+def _signal(procs: Sequence[subprocess.Popen], descendants: Sequence[psutil.Process], groups: Sequence[int],
+            sig: signal.Signals) -> None:
     for pgid in groups:
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-    for v in victims:  # those outside the groups (a child that made its own session)
+    for proc in procs:
+        if proc.pid not in groups and proc.poll() is None:
+            try:
+                proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+    for d in descendants:  # those outside the groups (a child that made its own session)
         try:
-            if os.getpgid(v.pid) not in groups:
-                v.send_signal(sig)
+            if os.getpgid(d.pid) not in groups:
+                d.send_signal(sig)
         except (psutil.NoSuchProcess, ProcessLookupError):
             pass
+
+
+def _wait(procs: Sequence[subprocess.Popen], descendants: Sequence[psutil.Process], deadline: float) -> None:
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    if descendants:
+        psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
 
 
 class Supervisor:

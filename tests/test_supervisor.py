@@ -1,0 +1,65 @@
+"""The one process supervisor (psbench/core/supervisor.py): logs, exits described, whole trees
+stopped with a grace period, and a killed child's exit code still readable afterwards."""
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+
+from psbench.core.supervisor import Supervisor, describe_exit, stop_tree
+
+PY = sys.executable
+# A child that starts a grandchild in a session of its own (as horovodrun's ranks do), prints its
+# pid, then sleeps: stopping the child's group alone would leave the grandchild behind.
+TREE = ("import subprocess, sys, time; "
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+        "print(g.pid, flush=True); time.sleep(60)")
+
+
+def test_log_capture_and_exit_description(tmp_path):
+    with Supervisor(tmp_path) as sup:
+        ok = sup.spawn("ok", [PY, "-c", "print('hello')"])
+        bad = sup.spawn("bad", [PY, "-c", "import sys; print('boom'); sys.exit(3)"])
+        assert sup.wait(timeout_s=30)
+    assert ok.log_tail() == "hello" and ok.describe() == "exit code 0"
+    assert bad.log_tail() == "boom" and bad.describe() == "exit code 3"
+    assert sup.failed() == [bad]
+    assert describe_exit(-9) == "killed by SIGKILL"
+
+
+def test_stop_reaches_the_whole_tree_and_keeps_the_exit_code(tmp_path):
+    sup = Supervisor(tmp_path)
+    child = sup.spawn("tree", [PY, "-c", TREE])
+    deadline = time.monotonic() + 30
+    while not child.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(child.log_tail())
+    assert psutil.pid_exists(grandchild)
+    start = time.monotonic()
+    sup.stop(grace_s=2.0)
+    assert time.monotonic() - start < 2.0          # SIGTERM ends both at once: no wait for the grace
+    assert child.poll() == -15 and child.failed()  # read through Popen, not swallowed by psutil
+    gone = not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    assert gone
+
+
+def test_zero_grace_is_a_plain_sigkill_and_stays_visible(tmp_path):
+    sup = Supervisor(tmp_path)
+    child = sup.spawn("victim", [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                           "print('up', flush=True); time.sleep(60)"])
+    while child.log_tail() != "up":
+        time.sleep(0.05)
+    stop_tree([child.proc], grace_s=0)
+    assert child.poll() == -9 and child.describe() == "killed by SIGKILL"
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    sup = Supervisor(tmp_path)
+    child = sup.spawn("stubborn", [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                             "print('up', flush=True); time.sleep(60)"])
+    while child.log_tail() != "up":
+        time.sleep(0.05)
+    start = time.monotonic()
+    sup.stop(grace_s=0.5)
+    assert 0.5 <= time.monotonic() - start < 10 and child.poll() == -9
