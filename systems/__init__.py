@@ -18,6 +18,8 @@ REGISTRY: dict[str, str] = {
     "spark-barrier": "systems.spark.barrier:SparkBarrierSystem",
     "spark-torch": "systems.spark.torch_distributor:SparkTorchSystem",
     "switch": "systems.switch.adapter:SwitchSystem",
+    "ray-ps": "systems.ray_ps.adapter:RayPSSystem",
+    "rpc-ps": "systems.rpc_ps.adapter:RpcPSSystem",
 }
 
 
