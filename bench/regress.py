@@ -30,6 +30,7 @@ from workloads.errors import ConfigError
 RATIO_BENCHMARKS: dict[str, str] = {
     "harness_overhead": "bench.benchmarks:harness_overhead",
     "ps": "bench.benchmarks:ps_overhead",
+    "peers": "bench.peer_benchmarks:ps_vs_peers",
 }
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "regress.json"
 DEFAULT_TOLERANCE = 0.25
