@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,11 +23,11 @@ from bench.records import Recorder
 from bench.spec import RunSpec
 from systems.base import option
 from systems.common import Prepared, configure_threads, evaluate_splits, forward_backward, prepare, record_evals
+from systems.ps.launch import ROW_COLUMNS, WorkerReport  # a worker's rows (t_wall: epoch seconds here) and snapshots
 from systems.ps.partition import partition_keys
 from systems.ps.policies import resolve_lr
 from workloads.errors import ConfigError
 
-ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes")  # t_wall: epoch seconds here
 # Ray hands numpy arrays out of its object store read-only; the optimizer only reads gradients.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
@@ -96,17 +96,6 @@ class ShardCore:
 
     def weights(self) -> list[torch.Tensor]:
         return [p.detach() for p in self.params]
-
-
-@dataclass
-class WorkerReport:
-    """What a worker hands back at the end: its step rows and worker 0's snapshots."""
-    worker: int
-    rows: dict[str, list]
-    snapshot_steps: list[int] = field(default_factory=list)
-    snapshot_t: list[float] = field(default_factory=list)
-    snapshots: list[np.ndarray] = field(default_factory=list)  # flat params + float buffers
-    final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
 
 class PeerWorker:
