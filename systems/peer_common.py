@@ -155,7 +155,7 @@ class PeerWorker:
         return self.report
 
 
-def join_shards(prep: Prepared, shard_weights: Sequence[Sequence[Any]]) -> np.ndarray:
+def join_shards(shard_weights: Sequence[Sequence[Any]]) -> np.ndarray:
     """The flat parameter vector (model order) from each shard's tensors (shard order)."""
     return np.concatenate([np.asarray(t, np.float32).reshape(-1) for part in shard_weights for t in part])
 

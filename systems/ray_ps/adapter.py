@@ -102,18 +102,19 @@ def train(prep: Prepared, options: PeerOptions, recorder: Recorder):
     """Run one ray-ps training; returns the servers' final flat parameters."""
     if RayPSSystem.unavailable_reason():
         raise ConfigError(NOT_INSTALLED)
+    plans = shard_plans(prep, options)  # a ConfigError (more shards than tensors) before Ray starts
     ray = _loopback_ray()
     if ray.is_initialized():
         raise ConfigError("ray-ps starts its own Ray instance; this process already has one (call ray.shutdown())")
     n, s = prep.spec.workers, options.servers
-    temp = tempfile.mkdtemp(prefix="psbench-ray-")
-    ray.init(num_cpus=n + s, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-             _temp_dir=temp)
     deadline = time.monotonic() + options.timeout_s
+    temp = tempfile.mkdtemp(prefix="psbench-ray-")  # Ray's session files and logs, removed after
     try:
+        ray.init(num_cpus=n + s, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+                 _temp_dir=temp)
         shard_cls = ray.remote(num_cpus=1)(ShardActor)
         worker_cls = ray.remote(num_cpus=1)(WorkerActor)
-        shards = [shard_cls.remote(plan) for plan in shard_plans(prep, options)]
+        shards = [shard_cls.remote(plan) for plan in plans]
         workers = [worker_cls.remote(prep.spec.to_dict(), i, s) for i in range(n)]
         budgets = ray.get([w.ready.remote() for w in workers], timeout=deadline_left(deadline, "ray-ps set-up"))
         weights = [sh.weights.remote() for sh in shards]
@@ -122,7 +123,7 @@ def train(prep: Prepared, options: PeerOptions, recorder: Recorder):
         loop = _bsp if options.consistency == "bsp" else _asp
         weights, finishes = loop(ray, shards, workers, weights, budgets, deadline)
         reports = ray.get(finishes, timeout=deadline_left(deadline, "ray-ps run"))
-        final = join_shards(prep, ray.get(weights, timeout=deadline_left(deadline, "ray-ps run")))
+        final = join_shards(ray.get(weights, timeout=deadline_left(deadline, "ray-ps run")))
         t_end = time.time()
     except ray.exceptions.GetTimeoutError:
         raise timed_out("ray-ps run") from None
