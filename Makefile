@@ -9,11 +9,13 @@ RESULTS ?= results
 
 setup: $(STAMP)
 
-# Re-installs only when pyproject.toml changes, so a second `make setup` takes seconds.
+# Re-installs only when pyproject.toml changes, so a second `make setup` takes seconds. Ray is
+# optional (the ray-ps peer system): where it cannot be installed, its runs and tests are skipped.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q -e '.[spark,fuzz]'
+	$(BIN)/python -m pip install -q -e '.[ray]' || echo "psbench: ray could not be installed; ray-ps runs will be skipped"
 	touch $(STAMP)
 
 test: setup

@@ -43,7 +43,17 @@ REGISTRY: dict[str, Entry] = {
                          needs=("pyspark",), java=True),
     "switch": Entry("psbench.systems.switch.adapter:SwitchSystem",
                     "Strategy-Switch: sync (DDP allreduce or PS BSP) until a criterion fires, then async PS (ASP/SSP)"),
+    "ray-ps": Entry("psbench.systems.ray_ps.adapter:RayPSSystem",
+                    "peer PS: Ray actors as server shards and workers (Ray's parameter-server example); asp / bsp",
+                    needs=("ray",)),
+    "rpc-ps": Entry("psbench.systems.rpc_ps.adapter:RpcPSSystem",
+                    "peer PS: torch.distributed.rpc (TensorPipe) server and trainer processes (PyTorch's PS "
+                    "tutorials); asp / bsp"),
 }
+
+
+INSTALL_HINTS = {"horovod": ": run `make horovod`",
+                 "ray": ": run `make setup` (installs the `ray` extra) or pip install -e '.[ray]'"}
 
 
 def names() -> list[str]:
@@ -66,8 +76,7 @@ def quick_unavailable_reason(name: str) -> str | None:
     e = entry(name)
     for package in e.needs:
         if importlib.util.find_spec(package) is None:
-            hint = ": run `make horovod`" if package == "horovod" else ""
-            return f"{package} is not installed{hint}"
+            return f"{package} is not installed{INSTALL_HINTS.get(package, '')}"
     if e.java and not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         return "Java is not installed (pyspark needs a JVM)"
     return None

@@ -62,6 +62,11 @@ def build_fixture_suite(results_dir: Path, suite: str = "fixture") -> Path:
                 spec = RunSpec("ps", "mlp-digits", workers=workers, batch_size=batch,
                                options={"consistency": consistency})
                 fake_run(results_dir, suite, spec, step_s=0.002 * (batch / 16) ** 0.2, staleness=stale)
+    # The peer parameter servers beside the PS (asp, batch 16, 2 and 4 workers), slower per step.
+    for system, step_s in (("ray-ps", 0.006), ("rpc-ps", 0.003)):
+        for workers in (2, 4):
+            fake_run(results_dir, suite, RunSpec(system, "mlp-digits", workers=workers, batch_size=16,
+                                                 options={"consistency": "asp"}), step_s=step_s, staleness=[0, 1])
     # Allreduce at 2 workers.
     fake_run(results_dir, suite, RunSpec("ddp", "mlp-digits", workers=2, batch_size=16), step_s=0.003)
     # Strategy-Switch with its switch event.

@@ -9,12 +9,12 @@ import pytest
 
 from psbench.bench.cli import main
 from psbench.bench.report.plots import PALETTE, PLOTS, Styles, system_colour
-from psbench.bench.report.document import build_report, sharding_table, summary_table
+from psbench.bench.report.document import build_report, peers_table, sharding_table, summary_table
 from psbench.bench.harness.results import load_suite
 from report_fixtures import build_fixture_suite
 from psbench.core.errors import ConfigError
 
-SYSTEMS = ["single", "ps", "ddp", "strategy-switch"]
+SYSTEMS = ["single", "ps", "ddp", "strategy-switch", "ray-ps", "rpc-ps"]
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,22 @@ def test_scaling_and_sharding_tables_compute_what_they_claim(suite):
     assert got["random"] == pytest.approx(1.0)
     assert got["stratified"] == pytest.approx(var["random"] / var["stratified"])
     assert got["distribution-aware:3"] > 1  # the fixture makes random the noisiest
+
+
+def test_peers_table_sets_ps_beside_each_peer(suite, report):
+    res = load_suite(suite)
+    table = peers_table(res)
+    table = table[table["batch/worker"] == 16].set_index(["consistency", "workers"])
+    runs = res.runs[res.runs["batch_size"] == 16]
+    for workers in (2, 4):
+        mean = runs[runs["workers"] == workers].groupby("label")["samples_per_s"].mean()
+        row = table.loc[("asp", workers)]
+        assert row["ps samples/s"] == pytest.approx(mean["ps (asp)"])
+        assert row["ps ÷ ray-ps"] == pytest.approx(mean["ps (asp)"] / mean["ray-ps"])
+        assert row["ps ÷ rpc-ps"] == pytest.approx(mean["ps (asp)"] / mean["rpc-ps"])
+        assert row["ps ÷ ray-ps"] > row["ps ÷ rpc-ps"] > 1  # the fixture's ray-ps steps are the slowest
+    assert pd.isna(table.loc[("bsp", 4)]["ps ÷ ray-ps"])  # no bsp peer runs: no ratio, not a made-up one
+    assert "## Parameter servers: ours vs peers" in report.markdown.read_text()
 
 
 def test_plots_draw_only_what_the_data_supports(suite, tmp_path):

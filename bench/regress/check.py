@@ -30,6 +30,7 @@ from psbench.core.errors import ConfigError
 RATIO_BENCHMARKS: dict[str, str] = {
     "harness_overhead": "psbench.bench.regress.benchmarks:harness_overhead",
     "ps": "psbench.bench.regress.benchmarks:ps_overhead",
+    "peers": "psbench.bench.regress.peer_benchmarks:ps_vs_peers",
 }
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "regress.json"
 DEFAULT_TOLERANCE = 0.25

@@ -100,7 +100,10 @@ def _run(system: str, workload: str, workers: int, options: dict[str, Any], **sp
     from psbench.bench.harness.runner import run_summary
     from psbench.core.spec import RunSpec
 
-    return run_summary(RunSpec(system=system, workload=workload, workers=workers, options=options, **spec_kw))
+    # Compute-bound workers plus the shard may need more than 2 cores (ratio_consistency's 2
+    # workers): said so here; both sides of each ratio run under the same contention.
+    return run_summary(RunSpec(system=system, workload=workload, workers=workers, options=options, **spec_kw),
+                       allow_oversubscribe=True)
 
 
 ASP_VS_SINGLE_STEPS = {"mlp-digits": 400, "cnn-mnist1d": 300, "resnet-synthetic": 40}

@@ -25,6 +25,8 @@ from psbench.bench.harness.results import SuiteResults, load_suite
 
 PLOT_CAPTIONS = {
     "throughput_vs_workers": "Throughput (training samples per second, all workers together) against the number of workers.",
+    "ps_vs_peers": "Samples/s of our parameter server (ps) and the peer parameter servers on Ray (ray-ps) and "
+                   "torch.distributed.rpc (rpc-ps) against the number of workers.",
     "step_time_vs_batch": "Time per mini-batch against mini-batch size, log-log. Kassela et al. (2019): the PS's "
                           "per-mini-batch cost fell up to 14x as batches shrank, Spark MLlib's at most 1.36x.",
     "time_to_accuracy": "Validation accuracy against training wall time (evaluation time excluded).",
@@ -155,6 +157,37 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
                 row[f"{short} var ratio"] = (base[m] / var) if base is not None and var and var > 0 else None
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (issue 18: ps >= 2x each at 4 workers)
+
+
+def peers_table(res: SuiteResults) -> pd.DataFrame:
+    """Our PS beside the peer parameter servers run alike (workload, consistency, shards, batch, workers):
+    mean samples/s over seeds, ps ÷ each peer, and time to the workload's target accuracy."""
+    runs = res.runs[res.runs["system"].isin(("ps",) + PEERS)]
+    if not runs["system"].isin(PEERS).any():
+        return pd.DataFrame()
+    runs = runs.assign(consistency=runs.get("opt_consistency", pd.Series("asp", index=runs.index)).fillna("asp"),
+                       servers=runs.get("opt_servers", pd.Series(1, index=runs.index)).fillna(1).astype(int))
+    rows = []
+    keys = ["workload", "consistency", "servers", "batch_size", "workers"]
+    for key, group in runs.groupby(keys, sort=True):
+        speed = group.groupby("system")["samples_per_s"].mean()
+        ttt = group.groupby("system")["time_to_target_s"].mean() if "time_to_target_s" in group else {}
+        row: dict[str, Any] = dict(zip(["workload", "consistency", "servers", "batch/worker", "workers"], key))
+        for system in ("ps",) + PEERS:
+            row[f"{system} samples/s"] = speed.get(system)
+        for peer in PEERS:
+            row[f"ps ÷ {peer}"] = _ratio_of(speed.get("ps"), speed.get(peer))
+        for system in ("ps",) + PEERS:
+            row[f"{system} time to target (s)"] = ttt.get(system)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ratio_of(a: Any, b: Any) -> float | None:
+    return None if _missing(a) or _missing(b) or not b else a / b
 
 
 def switch_table(res: SuiteResults) -> pd.DataFrame:
@@ -317,6 +350,11 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           "Our runs are small and on one machine; the shape of a finding is what carries over, not its size.")
     table("Per-mini-batch cost vs batch size", batch,
           "Median time between a worker's consecutive mini-batches (launch and start-up excluded) at the smallest and largest batch size of each variant.")
+    table("Parameter servers: ours vs peers", peers_table(res),
+          "`ps` beside `ray-ps` (Ray actors as shards and workers, Ray's parameter-server example) and `rpc-ps` "
+          "(torch.distributed.rpc, PyTorch's parameter-server tutorials), run alike: same workload, data shards, "
+          "server-side SGD and evaluation. Samples/s is the mean over seeds; ps ÷ peer > 1 means ours is faster "
+          "(goal: >= 2 at 4 workers). Time to target: mean over the seeds that reached it.")
     table("Staleness", staleness_table(res), "Server versions between a worker's pull and the apply of its update.")
     table("Sharding variability", sharding,
           "Mean and variance (over seeds) of the final metrics; var ratio = variance under random sharding ÷ "

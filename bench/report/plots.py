@@ -37,6 +37,8 @@ PALETTE: dict[str, str] = {
     "spark": "#8c564b",
     "switch": "#e377c2",
     "strategy-switch": "#e377c2",
+    "ray-ps": "#e7ba52",
+    "rpc-ps": "#6b6ecf",
 }
 FALLBACK_COLOURS = ["#17becf", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
                     "#e6550d", "#31a354"]
@@ -204,6 +206,29 @@ def throughput_vs_workers(res: SuiteResults, out_dir: Path) -> list[Path]:
 
     return facet_figure(res, out_dir, "throughput_vs_workers", f"Throughput vs workers (mean ± sd over seeds{note})",
                         sorted(runs["workload"].unique()), draw)
+
+
+def ps_vs_peers(res: SuiteResults, out_dir: Path) -> list[Path]:
+    """Our PS and the peer parameter servers (ray-ps, rpc-ps): samples/s against workers, one panel
+    per workload and consistency."""
+    runs = res.runs[res.runs["system"].isin(["ps", "ray-ps", "rpc-ps"])].dropna(subset=["samples_per_s"])
+    if not runs["system"].isin(["ray-ps", "rpc-ps"]).any():
+        return []
+    runs = runs.assign(consistency=runs.get("opt_consistency", pd.Series("asp", index=runs.index)).fillna("asp"))
+    panels = sorted(runs.groupby(["workload", "consistency"]).groups)
+
+    def draw(ax: plt.Axes, panel: tuple[str, str], style: Styles) -> None:
+        rows_p = runs[(runs["workload"] == panel[0]) & (runs["consistency"] == panel[1])]
+        for label, rows in rows_p.groupby("label"):
+            agg = rows.groupby("workers")["samples_per_s"].agg(["mean", "std"]).reset_index()
+            ax.errorbar(agg["workers"], agg["mean"], yerr=agg["std"].fillna(0), capsize=3, label=label,
+                        **style(label))
+        log2_x(ax, rows_p["workers"].unique())
+        ax.set(title=f"{panel[0]}, {panel[1]}", xlabel="workers (processes)", ylabel="throughput (samples/s)")
+        legend(ax)
+
+    return facet_figure(res, out_dir, "ps_vs_peers", "Our PS vs peer parameter servers (mean ± sd over seeds)",
+                        panels, draw)
 
 
 def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -452,6 +477,7 @@ def _strategy_order(strategies) -> list[str]:
 
 PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {
     "throughput_vs_workers": throughput_vs_workers,
+    "ps_vs_peers": ps_vs_peers,
     "step_time_vs_batch": step_time_vs_batch,
     "time_to_accuracy": time_to_accuracy,
     "scaling_efficiency": scaling_efficiency,
