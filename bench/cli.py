@@ -112,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if args.config:
         experiment = load_experiment(args.config, quick=args.quick)
-        specs, suite = experiment.specs, args.suite or experiment.suite
+        specs, suite = experiment.specs, args.suite or experiment.suite_folder
     else:
         if not args.system or not args.workload:
             raise ConfigError("give --system and --workload, or --config FILE (see `psbench list`)")
@@ -175,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise ConfigError(f"unknown experiment '{name}'; choose from: {', '.join(sorted(known))}")
     experiments = [load_experiment(known[n], quick=args.quick) for n in names]  # validate all first
     for experiment in experiments:
-        suite = experiment.suite + ("-quick" if args.quick else "")
+        suite = experiment.suite_folder
         print(f"== {experiment.suite}: {experiment.description} ({len(experiment.specs)} runs)", file=sys.stderr)
         results = run_all(experiment.specs, args.results_dir, suite, resume=not args.no_resume,
                           progress=not args.no_progress, skip_unavailable=True)

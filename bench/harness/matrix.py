@@ -41,6 +41,13 @@ class Experiment:
     specs: list[RunSpec]
     report: dict[str, Any] = field(default_factory=dict)  # hints for the report (which plots/tables)
     source: Path | None = None
+    quick: bool = False
+
+    @property
+    def suite_folder(self) -> str:
+        """Where its runs go: quick runs have their own folder, so they never mix with full runs
+        in one report (and a full run never resumes from a quick one's records)."""
+        return f"{self.suite}-quick" if self.quick else self.suite
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -111,7 +118,7 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
     # in machine load hits every system alike rather than whichever ran last.
     specs.sort(key=lambda spec: spec.seed)
     return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
-                      config.get("report", {}), source)
+                      config.get("report", {}), source, quick)
 
 
 def _matches(run: dict[str, Any], exclude: dict[str, Any]) -> bool:
