@@ -60,7 +60,17 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
     o.add_argument("--quick", action="store_true", help="with --config: the config's [quick] sizes")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_record_arguments(o)
     _add_system_option_groups(p)
+
+
+def _add_record_arguments(group: argparse._ActionsContainer) -> None:
+    """How records are written (shared by `run` and `bench`)."""
+    from psbench.core.records import DEFAULT_FORMAT, RECORD_FORMATS
+
+    group.add_argument("--format", dest="record_format", choices=RECORD_FORMATS, default=DEFAULT_FORMAT,
+                       help=f"record tables as {' or '.join(RECORD_FORMATS)} files (default {DEFAULT_FORMAT}); "
+                            "readers take either")
 
 
 def _add_system_option_groups(p: argparse.ArgumentParser) -> None:
@@ -106,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("\n".join(cluster.dry_run(cf)))
             return 0
-        result = cluster.run_file(cf, args.results_dir, resume=not args.no_resume)
+        result = cluster.run_file(cf, args.results_dir, resume=not args.no_resume, record_format=args.record_format)
         _print_summaries([result] if result else [])
         print(f"results: {Path(args.results_dir) / cf.suite}")
         return 0
@@ -121,7 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
                          options=_options_from_args(args, args.system))]
         suite = args.suite or "runs"
-    results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress)
+    results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,
+                      record_format=args.record_format)
     _print_summaries([r for r in results if r is not None])
     print(f"results: {Path(args.results_dir) / suite}")
     return 0
@@ -178,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         suite = experiment.suite_folder
         print(f"== {experiment.suite}: {experiment.description} ({len(experiment.specs)} runs)", file=sys.stderr)
         results = run_all(experiment.specs, args.results_dir, suite, resume=not args.no_resume,
-                          progress=not args.no_progress, skip_unavailable=True)
+                          progress=not args.no_progress, skip_unavailable=True, record_format=args.record_format)
         _print_summaries([r for r in results if r is not None])
         _report(Path(args.results_dir) / suite)
     return 0
@@ -230,11 +241,13 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run the benchmark suite (bench/experiments/*.toml)",
                        description="Run the shipped experiments; completed runs are skipped (resume).")
-    p.add_argument("experiments", nargs="*", help="experiment names or experiment files (default: all shipped)")
-    p.add_argument("--quick", action="store_true", help="a few-minute version of every experiment")
-    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
-    p.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    if command in (ALL, "bench"):
+        p.add_argument("experiments", nargs="*", help="experiment names or experiment files (default: all shipped)")
+        p.add_argument("--quick", action="store_true", help="a few-minute version of every experiment")
+        p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
+        p.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+        _add_record_arguments(p)
     p.set_defaults(func=cmd_bench)
 
     for name, (module, help_text) in EXTRA_COMMANDS.items():

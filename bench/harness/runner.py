@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psbench.core.records import Recorder, RunResult
+from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec
 from psbench.systems import get_system
 from psbench.systems.base import parse_options
@@ -77,16 +77,18 @@ def clean_staging(results_dir: Path, suite: str) -> None:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def run_one(planned: PlannedRun, results_dir: Path, suite: str) -> RunResult:
+def run_one(planned: PlannedRun, results_dir: Path, suite: str, record_format: str = DEFAULT_FORMAT) -> RunResult:
     spec = planned.spec
     recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
     planned.system_cls().run(spec, planned.options, recorder)
-    return recorder.finish(results_dir, suite)
+    return recorder.finish(results_dir, suite, record_format)
 
 
 def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = True,
-            progress: bool = True, skip_unavailable: bool = False) -> list[RunResult | None]:
-    """Validate all, then run each spec not already complete; returns results (None = skipped)."""
+            progress: bool = True, skip_unavailable: bool = False,
+            record_format: str = DEFAULT_FORMAT) -> list[RunResult | None]:
+    """Validate all, then run each spec not already complete; returns results (None = skipped).
+    Record tables are written as `record_format` (parquet or csv)."""
     planned: list[PlannedRun | None] = []
     for spec in specs:
         try:
@@ -107,7 +109,7 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
     for p in todo:
         if bar is not None:
             bar.set_postfix_str(p.spec.run_id, refresh=True)
-        results.append(run_one(p, results_dir, suite))
+        results.append(run_one(p, results_dir, suite, record_format))
         if bar is not None:
             bar.update(1)
     if bar is not None:
