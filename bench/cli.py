@@ -23,6 +23,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
     "simulate": ("psbench.bench.sim.command", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
     "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
+    "compare": ("psbench.bench.report.compare", "compare two result sets (suites, runs, results roots): ratios B/A "
+                "with bootstrap intervals, matched by run spec"),
     "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios against bench/regress/baselines/regress.json"),
     "ps-server": ("psbench.systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
     "ps-worker": ("psbench.systems.ps.worker", "run one parameter-server worker against running shards"),
