@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[spark,fuzz]'
+	$(BIN)/python -m pip install -q -e '.[spark,fuzz,mlflow,tensorboard]'
 	touch $(STAMP)
 
 test: setup
