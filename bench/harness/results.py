@@ -17,7 +17,7 @@ from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
 from psbench.core.tables import table_files, read_table_file
 
-REPORT_OUTPUTS = {"plots", "report.md", "report.html"}  # written by bench.report into the suite folder
+REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png"}  # written by bench.report into the suite folder
 SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps"]
 
 
