@@ -8,7 +8,10 @@ B ÷ A of the means over seeds, a 95% bootstrap interval (scipy.stats.bootstrap,
 paired by seed when both sides ran the same seeds), and a verdict: 'better' or 'worse' when the
 interval excludes 1, else '~' (within noise). With one run a side, samples/s is bootstrapped over
 the runs' step intervals instead (repeats within a run: a narrower, within-run notion of noise,
-named in the `basis` column); the other metrics then get no interval.
+named in the `basis` column); the other metrics then get no interval. With few seeds the
+percentile bootstrap is optimistic (3 seeds give 10 distinct resamples): use 5 or more where a
+verdict matters, and run A and B close together in time, since drift between them is no noise
+either interval can see.
 Writes compare.md, compare.csv and compare.png/.svg (the ratios with their intervals) to --out.
 """
 from __future__ import annotations
@@ -211,6 +214,8 @@ def format_table(table: pd.DataFrame) -> str:
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Per metric, each configuration's ratio B/A with its interval; the line at 1 is 'no change'."""
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+
     from psbench.bench.report.plots import _facets, save
 
     table = table.dropna(subset=["ratio B/A"])
@@ -230,6 +235,8 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
                 err = [[r["ratio B/A"] - r["low"]], [r["high"] - r["ratio B/A"]]]
             ax.errorbar([r["ratio B/A"]], [y], xerr=err, fmt="o", color=colours[r["verdict"]], capsize=3)
         ax.axvline(1.0, color="#888", linestyle="--", linewidth=1)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%.4g"))
         ax.set_yticks(range(len(configs)))
         ax.set_yticklabels(configs if ax is axes[0] else [""] * len(configs), fontsize=7)
         ax.invert_yaxis()
@@ -242,7 +249,8 @@ def render_markdown(a: Side, b: Side, table: pd.DataFrame, only_a: list[str], on
            f"- A: `{a.name}` (git {', '.join(a.about['git_sha'])}; {'; '.join(a.about['machine'])})",
            f"- B: `{b.name}` (git {', '.join(b.about['git_sha'])}; {'; '.join(b.about['machine'])})", "",
            f"Ratios are B ÷ A of the means over seeds, with {CONFIDENCE:.0%} bootstrap intervals; 'better' or "
-           "'worse' marks an interval that excludes 1 (a difference beyond noise), '~' one within it.", "",
+           "'worse' marks an interval that excludes 1 (a difference beyond noise), '~' one within it. With "
+           "few seeds these intervals are optimistic.", "",
            "```", format_table(table), "```", ""]
     if only_a or only_b:
         out += ["Not compared (in one side only):", ""]
