@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick regress soak clean horovod test-horovod
+.PHONY: setup test bench bench-quick regress soak clean horovod test-horovod microbench
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[spark,fuzz]'
+	$(BIN)/python -m pip install -q -e '.[spark,fuzz,mlflow,tensorboard]'
 	$(BIN)/python -m pip install -q -e '.[ray]' || echo "psbench: ray could not be installed; ray-ps runs will be skipped"
 	touch $(STAMP)
 
@@ -34,6 +34,15 @@ bench-quick: setup
 # Throughput ratios vs bench/regress/baselines/regress.json; non-zero exit on a regression beyond tolerance.
 regress: setup
 	$(BIN)/psbench regress --quick
+
+# Micro-benchmarks under pytest-benchmark (tests/microbench): saves the run's JSON in .benchmarks/
+# and, when an earlier save exists, compares with it and fails on a slowdown beyond MICROBENCH_FAIL.
+MICROBENCH_FAIL ?= min:30%
+microbench: setup
+	@compare=""; if ls .benchmarks/*/*.json >/dev/null 2>&1; then \
+	  compare="--benchmark-compare --benchmark-compare-fail=$(MICROBENCH_FAIL)"; fi; \
+	$(BIN)/python -m pytest tests/microbench -q --benchmark-enable --benchmark-only --benchmark-autosave \
+	  --benchmark-columns=min,median,iqr,rounds --benchmark-sort=name $$compare
 
 # Real Horovod 0.28.1 built against the pinned torch (patch in systems/horovod/patches/); the
 # wheel is cached in .cache/horovod, so a second `make horovod` only reinstalls it. Runtime deps

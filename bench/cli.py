@@ -23,6 +23,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
     "simulate": ("psbench.bench.sim.command", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
     "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
+    "compare": ("psbench.bench.report.compare", "compare two result sets (suites, runs, results roots): ratios B/A "
+                "with bootstrap intervals, matched by run spec"),
     "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios against bench/regress/baselines/regress.json"),
     "ps-server": ("psbench.systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
     "ps-worker": ("psbench.systems.ps.worker", "run one parameter-server worker against running shards"),
@@ -73,7 +75,21 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
     o.add_argument("--quick", action="store_true", help="with --config: the config's [quick] sizes")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_output_arguments(o)
     _add_system_option_groups(p)
+
+
+def _add_output_arguments(group: argparse._ActionsContainer) -> None:
+    """Where records go besides results/ and in which format (shared by `run` and `bench`)."""
+    from psbench.core.records import DEFAULT_FORMAT, RECORD_FORMATS
+
+    group.add_argument("--format", dest="record_format", choices=RECORD_FORMATS, default=DEFAULT_FORMAT,
+                       help=f"record tables as {' or '.join(RECORD_FORMATS)} files (default {DEFAULT_FORMAT}); "
+                            "readers take either")
+    group.add_argument("--mlflow", metavar="URI", help="also log each run (params, per-step metrics) and the "
+                       "suite's report plots to MLflow, e.g. file:./mlruns (needs the mlflow extra)")
+    group.add_argument("--tensorboard", metavar="DIR", type=Path, help="also write TensorBoard event files of each "
+                       "run and the report plots under DIR/<suite>/ (needs the tensorboard extra)")
 
 
 def _add_system_option_groups(p: argparse.ArgumentParser) -> None:
@@ -112,6 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from psbench.bench.harness.runner import run_all
     from psbench.core.spec import RunSpec
 
+    _check_trackers(args)
     if args.cluster:
         from psbench.bench.lab import cluster
 
@@ -119,13 +136,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("\n".join(cluster.dry_run(cf)))
             return 0
-        result = cluster.run_file(cf, args.results_dir, resume=not args.no_resume)
+        result = cluster.run_file(cf, args.results_dir, resume=not args.no_resume, record_format=args.record_format)
         _print_summaries([result] if result else [])
         print(f"results: {Path(args.results_dir) / cf.suite}")
+        _track(args, Path(args.results_dir) / cf.suite, [result])
         return 0
     if args.config:
         experiment = load_experiment(args.config, quick=args.quick)
-        specs, suite = experiment.specs, args.suite or experiment.suite
+        specs, suite = experiment.specs, args.suite or experiment.suite_folder
     else:
         if not args.system or not args.workload:
             raise ConfigError("give --system and --workload, or --config FILE (see `psbench list`)")
@@ -137,10 +155,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         suite = args.suite or "runs"
     allow = args.allow_oversubscribe or (args.config is not None and experiment.allow_oversubscribe)
     results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,
-                      allow_oversubscribe=allow)
+                      allow_oversubscribe=allow, record_format=args.record_format)
     _print_summaries([r for r in results if r is not None])
     print(f"results: {Path(args.results_dir) / suite}")
+    _track(args, Path(args.results_dir) / suite, results)
     return 0
+
+
+def _tracking(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "mlflow", None) or getattr(args, "tensorboard", None))
+
+
+def _check_trackers(args: argparse.Namespace) -> None:
+    if _tracking(args):
+        from psbench.bench.report.trackers import check_available
+
+        check_available(args.mlflow, args.tensorboard)
+
+
+def _track(args: argparse.Namespace, suite_dir: Path, results: list, report: Any = None) -> None:
+    """Send the runs just completed (None: skipped), and the suite's report plots (the report is
+    built if not given), to the trackers asked for."""
+    done = [r for r in results if r is not None]
+    if not _tracking(args) or not done:
+        return
+    from psbench.bench.report.trackers import log_all
+
+    report = report or _report(suite_dir)
+    for line in log_all(suite_dir, [r.out_dir for r in done], report.plots, args.mlflow, args.tensorboard):
+        print(line, file=sys.stderr)
 
 
 def _print_summaries(results: list) -> None:
@@ -190,26 +233,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if name not in known:
             raise ConfigError(f"unknown experiment '{name}'; choose from: {', '.join(sorted(known))}")
     experiments = [load_experiment(known[n], quick=args.quick) for n in names]  # validate all first
+    _check_trackers(args)
     for experiment in experiments:
-        suite = experiment.suite + ("-quick" if args.quick else "")
+        suite = experiment.suite_folder
         print(f"== {experiment.suite}: {experiment.description} ({len(experiment.specs)} runs)", file=sys.stderr)
         results = run_all(experiment.specs, args.results_dir, suite, resume=not args.no_resume,
-                          progress=not args.no_progress, skip_unavailable=True,
+                          progress=not args.no_progress, skip_unavailable=True, record_format=args.record_format,
                           allow_oversubscribe=args.allow_oversubscribe or experiment.allow_oversubscribe)
         _print_summaries([r for r in results if r is not None])
-        _report(Path(args.results_dir) / suite)
+        _track(args, Path(args.results_dir) / suite, results, _report(Path(args.results_dir) / suite))
     return 0
 
 
-def _report(suite_dir: Path) -> None:
+def _report(suite_dir: Path) -> Any:
     """Tables and plots for a suite just run; a suite with no runs (all unavailable) has none."""
     from psbench.bench.report.document import build_report
 
     if not any(p.is_dir() and not p.name.startswith(".") and p.name != "plots" for p in suite_dir.glob("*")):
         print(f"psbench: no runs in {suite_dir}, no report", file=sys.stderr)
-        return
+        return None
     report = build_report(suite_dir)
     print(f"report: {report.markdown} ({len(report.plots)} plots)", file=sys.stderr)
+    return report
 
 
 ALL = "*"  # build_parser(ALL): every command's arguments (for tests and tools)
@@ -247,13 +292,15 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run the benchmark suite (bench/experiments/*.toml)",
                        description="Run the shipped experiments; completed runs are skipped (resume).")
-    p.add_argument("experiments", nargs="*", help="experiment names or experiment files (default: all shipped)")
-    p.add_argument("--quick", action="store_true", help="a few-minute version of every experiment")
-    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
-    p.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--allow-oversubscribe", action="store_true",
-                   help="run every experiment even where it needs more cores than this machine has (recorded)")
+    if command in (ALL, "bench"):
+        p.add_argument("experiments", nargs="*", help="experiment names or experiment files (default: all shipped)")
+        p.add_argument("--quick", action="store_true", help="a few-minute version of every experiment")
+        p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
+        p.add_argument("--no-resume", action="store_true", help="re-run runs that are already complete")
+        p.add_argument("--no-progress", action="store_true", help="no progress bars")
+        p.add_argument("--allow-oversubscribe", action="store_true",
+                       help="run every experiment even where it needs more cores than this machine has (recorded)")
+        _add_output_arguments(p)
     p.set_defaults(func=cmd_bench)
 
     for name, (module, help_text) in EXTRA_COMMANDS.items():

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from psbench.bench import cli
@@ -12,6 +11,7 @@ from psbench.bench.harness.matrix import expand, load_experiment
 from psbench.core.records import EVAL_COLUMNS, STEP_COLUMNS, Recorder
 from psbench.bench.harness.runner import is_complete, run_all
 from psbench.core.spec import RunSpec
+from psbench.core.tables import read_table
 from psbench.core.errors import ConfigError
 
 
@@ -36,7 +36,7 @@ def test_records_have_the_documented_schema(results_dir: Path) -> None:
     cli.main(["run", "--system", "single", "--workload", "logreg-digits", "--max-steps", "30",
               "--results-dir", str(results_dir), "--no-progress"])
     (run,) = _run_dirs(results_dir)
-    steps, evals = pd.read_csv(run / "steps.csv"), pd.read_csv(run / "evals.csv")
+    steps, evals = read_table(run, "steps"), read_table(run, "evals")
     assert list(steps.columns) == STEP_COLUMNS and list(evals.columns) == EVAL_COLUMNS
     assert len(steps) == 30 and steps["step"].tolist() == list(range(30))
     assert steps["t_wall"].is_monotonic_increasing and (steps["n_samples"] > 0).all()

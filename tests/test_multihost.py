@@ -15,6 +15,7 @@ import pytest
 from psbench.bench.lab import cluster, netlab
 from psbench.bench.lab.netlab import NetLab, Role
 from psbench.core.errors import ConfigError
+from psbench.core.tables import read_table
 
 REASON = netlab.unavailable_reason()
 PY = sys.executable
@@ -106,9 +107,9 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
     hosts = manifest["extra"]["cluster"]["hosts"]
     assert [h["address"].startswith("198.18.") for h in hosts] == [True] * 3
     assert manifest["spec"]["options"] == {"launcher": "netns", "caps": "n1=200"}
-    steps = pd.read_csv(run_dir / "steps.csv")
+    steps = read_table(run_dir, "steps")
     assert steps.groupby("worker")["step"].count().to_dict() == {0: 60, 1: 60, 2: 60}
-    evals = pd.read_csv(run_dir / "evals.csv")
+    evals = read_table(run_dir, "evals")
     assert evals[evals.split == "val"]["accuracy"].iloc[-1] > 0.7
     assert result.summary["samples_per_s"] > 0
 
@@ -162,10 +163,10 @@ def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
     (run_dir,) = [p.parent for p in (results_dir / "local").glob("*/manifest.json")]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["spec"]["options"] == {"consistency": "bsp", "servers": 1, "launcher": "local", "caps": "none"}
-    steps = pd.read_csv(run_dir / "steps.csv")
+    steps = read_table(run_dir, "steps")
     assert steps.groupby("worker")["step"].count().to_dict() == {0: 40, 1: 40}
     assert (steps["t_wall"] >= 0).all() and steps["t_wall"].max() <= manifest["summary"]["train_s"] + 1e-6
-    evals = pd.read_csv(run_dir / "evals.csv")
+    evals = read_table(run_dir, "evals")
     val = evals[evals.split == "val"]["accuracy"].tolist()
     assert len(val) == 2 and val[-1] > val[0] + 0.3       # the servers' final model was fetched and evaluated
     assert len(manifest["extra"]["ps"]["shards"]) == 1

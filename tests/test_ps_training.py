@@ -14,6 +14,7 @@ from async_helpers import check_async_learned
 from psbench.bench.cli import main as cli_main
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
+from psbench.core.tables import read_table
 from psbench.systems.common import flat_params, forward_backward, make_optimizer, prepare
 from psbench.systems.ps.adapter import PSOptions, run_ps_phase
 from psbench.systems.ps.launch import LaunchError
@@ -84,9 +85,9 @@ def test_cli_asp_run_learns_and_records_staleness(results_dir):
     summary = json.loads((run / "manifest.json").read_text())["summary"]
     assert summary["staleness_mean"] > 0 and summary["staleness_max"] >= 1
     assert sum(summary["staleness_hist"].values()) == summary["steps"]
-    steps = pd.read_csv(run / "steps.csv")
+    steps = read_table(run, "steps")
     assert set(steps["worker"]) == {0, 1} and steps["staleness"].notna().all() and (steps["bytes"] > 0).all()
-    evals = pd.read_csv(run / "evals.csv")
+    evals = read_table(run, "evals")
     val = evals[evals["split"] == "val"]  # in step order
     assert len(val) >= 3 and val["accuracy"].iloc[-1] == pytest.approx(summary["final_val_accuracy"])
     check_async_learned(val["accuracy"])

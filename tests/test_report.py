@@ -136,10 +136,17 @@ def test_corrupt_manifest_is_one_clear_error(suite_copy, capsys):
     assert len(err) == 1 and str(manifest) in err[0] and "Traceback" not in err[0]
 
 
+def _as_csv(table: Path, text: str) -> None:
+    """Replace a run's Parquet table with a CSV one holding `text`."""
+    table.unlink()
+    table.with_suffix(".csv").write_text(text)
+
+
 @pytest.mark.parametrize("make_bad, expected", [
     (lambda d: (d / "notes.txt").write_text("hello"), "notes.txt: not a psbench run folder"),
     (lambda d: (d / "stray-dir").mkdir(), "stray-dir: not a psbench run folder"),
-    (lambda d: next(d.glob("ps-*/steps.csv")).write_text("a,b\n1,2\n"), "steps.csv: not a psbench steps.csv"),
+    (lambda d: _as_csv(next(d.glob("ps-*/steps.parquet")), "a,b\n1,2\n"), "steps.csv: not a psbench steps.csv"),
+    (lambda d: next(d.glob("ps-*/evals.parquet")).write_bytes(b"PAR1"), "evals.parquet: corrupt Parquet"),
     (lambda d: next(d.glob("ps-*/shards.json")).write_text("[1, 2]"), "shards.json: corrupt shard report"),
     (lambda d: next(d.glob("ddp-*/manifest.json")).write_text('{"a": 1}'), "not a psbench manifest"),
 ])

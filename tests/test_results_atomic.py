@@ -21,10 +21,11 @@ from psbench.core.records import Recorder
 from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.runner import clean_staging, is_complete
 from psbench.core.spec import RunSpec
+from psbench.core.tables import read_table
 from psbench.systems.common import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_FILES = {"manifest.json", "steps.csv", "evals.csv", "events.csv"}
+RUN_FILES = {"manifest.json", "steps.parquet", "evals.parquet", "events.parquet"}
 
 
 def recorder(spec: RunSpec, loss: float) -> Recorder:
@@ -37,24 +38,24 @@ def recorder(spec: RunSpec, loss: float) -> Recorder:
 
 
 def snapshot(run_dir: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in sorted(run_dir.iterdir())}
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir())}
 
 
 def assert_complete(run_dir: Path) -> dict:
     assert RUN_FILES <= {p.name for p in run_dir.iterdir()}, sorted(p.name for p in run_dir.iterdir())
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    for name in ("steps.csv", "evals.csv", "events.csv"):
-        pd.read_csv(run_dir / name)
+    for name in ("steps", "evals", "events"):
+        read_table(run_dir, name)
     return manifest
 
 
-@pytest.mark.parametrize("fail_at", [1, 2, 3])  # the nth CSV write: steps, evals, events
+@pytest.mark.parametrize("fail_at", [1, 2, 3])  # the nth table write: steps, evals, events
 def test_interrupt_between_file_writes_keeps_the_previous_run(results_dir, monkeypatch, fail_at):
     spec = RunSpec("single", "mlp-digits", max_steps=1)
     old = recorder(spec, 1.0).finish(results_dir, "s")
     before = snapshot(old.out_dir)
     calls = {"n": 0}
-    real = records.atomic_write_csv
+    real = records.atomic_write_table
 
     def flaky(path, frame):
         calls["n"] += 1
@@ -62,7 +63,7 @@ def test_interrupt_between_file_writes_keeps_the_previous_run(results_dir, monke
             raise KeyboardInterrupt
         real(path, frame)
 
-    monkeypatch.setattr(records, "atomic_write_csv", flaky)
+    monkeypatch.setattr(records, "atomic_write_table", flaky)
     with pytest.raises(KeyboardInterrupt):
         recorder(spec, 2.0).finish(results_dir, "s")
     assert snapshot(old.out_dir) == before  # the complete previous state, untouched
@@ -174,7 +175,7 @@ def test_bench_resumes_a_killed_suite(results_dir, tmp_path):
     assert not list(suite.glob(".staging-*"))
 
 
-@pytest.mark.parametrize("junk", ["corrupt-manifest", "foreign-file", "bad-csv"])
+@pytest.mark.parametrize("junk", ["corrupt-manifest", "foreign-file", "bad-parquet", "bad-csv"])
 def test_report_on_a_damaged_suite_is_one_clear_line(results_dir, junk, capsys):
     spec = RunSpec("single", "mlp-digits", max_steps=1)
     run = recorder(spec, 1.0).finish(results_dir, "s")
@@ -182,12 +183,16 @@ def test_report_on_a_damaged_suite_is_one_clear_line(results_dir, junk, capsys):
         (run.out_dir / "manifest.json").write_text('{"psbench_manifest": 1, "run_id": ')
     elif junk == "foreign-file":
         (results_dir / "s" / "notes.xlsx").write_bytes(b"PK\x03\x04 not ours")
+    elif junk == "bad-parquet":
+        (run.out_dir / "steps.parquet").write_bytes(b"PAR1 \x00\xff garbage")
     else:
+        (run.out_dir / "steps.parquet").unlink()
         (run.out_dir / "steps.csv").write_bytes(b"\x00\xff garbage,\n\"unterminated")
     rc = cli_main(["report", str(results_dir / "s")])  # an exception here would fail the test itself
     err = capsys.readouterr().err
     assert rc == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("psbench: error: "), err
-    name = {"corrupt-manifest": "manifest.json", "foreign-file": "notes.xlsx", "bad-csv": "steps.csv"}[junk]
+    name = {"corrupt-manifest": "manifest.json", "foreign-file": "notes.xlsx", "bad-parquet": "steps.parquet",
+            "bad-csv": "steps.csv"}[junk]
     assert name in lines[0]

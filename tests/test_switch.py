@@ -12,6 +12,7 @@ import pytest
 from async_helpers import ASYNC_ACCURACY, check_async_learned
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
+from psbench.core.tables import read_table
 from psbench.systems import get_system
 from psbench.systems.allreduce_common import concat_batch_reference
 from psbench.systems.base import parse_options
@@ -65,7 +66,7 @@ def test_manifest_records_criterion_and_switch_point(switched):
     assert info["fired"] is True and info["switch_step"] == SWITCH_STEP and info["handover_exact"] is True
     assert info["sync"] == "ddp" and info["async"] == "asp"
     assert info["phase2_steps"] == {"0": 115 - SWITCH_STEP, "1": 115 - SWITCH_STEP}
-    events = pd.read_csv(result.out_dir / "events.csv")
+    events = read_table(result.out_dir, "events")
     switch = events[events["kind"] == "switch"]
     assert len(switch) == 1 and int(switch["step"].iloc[0]) == SWITCH_STEP
     detail = json.loads(switch["detail"].iloc[0])
@@ -75,7 +76,7 @@ def test_manifest_records_criterion_and_switch_point(switched):
 
 def test_records_form_one_timeline(switched):
     _, recorder, result, _ = switched
-    steps = pd.read_csv(result.out_dir / "steps.csv")
+    steps = read_table(result.out_dir, "steps")
     t_switch = recorder.extra["switch"]["switch_t_wall"]
     for worker, rows in steps.groupby("worker"):
         rows = rows.sort_values("step")
@@ -85,7 +86,7 @@ def test_records_form_one_timeline(switched):
         assert sync["staleness"].isna().all()                       # allreduce: no staleness
         assert async_["staleness"].notna().all() and (async_["staleness"] >= 0).all()
         assert sync["t_wall"].max() <= t_switch + 1e-6 <= async_["t_wall"].min() + 1e-6
-    evals = pd.read_csv(result.out_dir / "evals.csv")
+    evals = read_table(result.out_dir, "evals")
     val = evals[evals["split"] == "val"]
     assert (val["step"] < SWITCH_STEP).sum() >= 2 and (val["step"] > SWITCH_STEP).sum() >= 2
     assert val["t_wall"].is_monotonic_increasing
@@ -97,7 +98,7 @@ def test_records_form_one_timeline(switched):
 
 def test_switch_run_reaches_accuracy(switched):
     _, _, result, _ = switched
-    evals = pd.read_csv(result.out_dir / "evals.csv")
+    evals = read_table(result.out_dir, "evals")
     check_async_learned(evals[evals["split"] == "val"]["accuracy"])
     assert result.summary["time_to_target_s"] is not None
     assert result.summary["staleness_mean"] >= 0
@@ -163,11 +164,11 @@ def test_handover_is_on_the_training_clock(switched):
     after the switch, and the hand-over is also shown on its own (manifest and a `handover` event)."""
     _, recorder, result, _ = switched
     info = recorder.extra["switch"]
-    steps = pd.read_csv(result.out_dir / "steps.csv")
+    steps = read_table(result.out_dir, "steps")
     first_async = steps[steps["step"] >= SWITCH_STEP]["t_wall"].min()
     assert info["handover_s"] > 0.1  # processes start, data loads, the shards take the state
     assert first_async - info["switch_t_wall"] >= info["handover_s"]
-    events = pd.read_csv(result.out_dir / "events.csv")
+    events = read_table(result.out_dir, "events")
     handover = events[events["kind"] == "handover"]
     assert len(handover) == 1 and json.loads(handover["detail"].iloc[0])["seconds"] == pytest.approx(info["handover_s"])
     assert recorder.summary()["train_s"] >= info["switch_t_wall"] + info["handover_s"]

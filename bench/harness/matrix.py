@@ -42,7 +42,14 @@ class Experiment:
     specs: list[RunSpec]
     report: dict[str, Any] = field(default_factory=dict)  # hints for the report (which plots/tables)
     source: Path | None = None
+    quick: bool = False
     allow_oversubscribe: bool = False  # run even where the CPU budget says the cores are oversubscribed
+
+    @property
+    def suite_folder(self) -> str:
+        """Where its runs go: quick runs have their own folder, so they never mix with full runs
+        in one report (and a full run never resumes from a quick one's records)."""
+        return f"{self.suite}-quick" if self.quick else self.suite
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -113,7 +120,7 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
     # in machine load hits every system alike rather than whichever ran last.
     specs.sort(key=lambda spec: spec.seed)
     return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
-                      config.get("report", {}), source, bool(config.get("allow_oversubscribe", False)))
+                      config.get("report", {}), source, quick, bool(config.get("allow_oversubscribe", False)))
 
 
 def _matches(run: dict[str, Any], exclude: dict[str, Any]) -> bool:

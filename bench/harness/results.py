@@ -13,13 +13,12 @@ from typing import Any
 
 import pandas as pd
 
-from psbench.core.records import EVAL_COLUMNS, EVENT_COLUMNS, STEP_COLUMNS, STEP_TIME_COLUMNS, median_step_interval
+from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
+from psbench.core.tables import table_files, read_table_file
 
-REPORT_OUTPUTS = {"plots", "report.md", "report.html"}  # written by bench.report into the suite folder
-RUN_FILES = {"manifest.json", "steps.csv", "evals.csv", "events.csv", "shards.json"}
+REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png"}  # written by bench.report into the suite folder
 SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps"]
-CSV_FILES = {"steps.csv": STEP_COLUMNS, "evals.csv": EVAL_COLUMNS, "events.csv": EVENT_COLUMNS}
 
 
 @dataclass
@@ -69,7 +68,7 @@ def load_suite(path: Path | str) -> SuiteResults:
 
     manifests: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
-    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in CSV_FILES}
+    frames: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     shard_rows: list[dict[str, Any]] = []
     for run_dir in run_dirs:
         manifest = _read_manifest(run_dir / "manifest.json")
@@ -78,23 +77,22 @@ def load_suite(path: Path | str) -> SuiteResults:
             raise ConfigError(f"{run_dir / 'manifest.json'}: run_id {run_id} appears twice in {path}")
         manifests[run_id] = manifest
         rows.append(_run_row(manifest, run_dir))
-        for name, columns in CSV_FILES.items():
-            if (run_dir / name).is_file():
-                frames[name].append(_read_csv(run_dir / name, columns, run_id))
+        for name, file in table_files(run_dir).items():  # Parquet or CSV, whichever the run wrote
+            frames[name].append(_read_table(file, run_id))
         if (run_dir / "shards.json").is_file():
             shard_rows.extend(_shard_rows(run_dir / "shards.json", run_id))
 
     runs = pd.DataFrame(rows)
     runs = _fill_defaults(runs)
     runs["label"] = variant_labels(runs)
-    steps = _concat(frames["steps.csv"], STEP_COLUMNS)
+    steps = _concat(frames["steps"], TABLES["steps"])
     # Derived from the rows themselves, so results written before the summary carried it agree.
     per_run = {run_id: median_step_interval(group) for run_id, group in steps.groupby("run_id")}
     runs["median_step_s"] = runs["run_id"].map(per_run).astype(float)
     return SuiteResults(
         suite=path.name, path=path, runs=runs.sort_values(["system", "label", "workers", "seed"]).reset_index(drop=True),
-        steps=steps, evals=_concat(frames["evals.csv"], EVAL_COLUMNS),
-        events=_concat(frames["events.csv"], EVENT_COLUMNS),
+        steps=steps, evals=_concat(frames["evals"], TABLES["evals"]),
+        events=_concat(frames["events"], TABLES["events"]),
         shard_counts=pd.DataFrame(shard_rows, columns=["run_id", "worker", "class", "count"]),
         manifests=manifests)
 
@@ -133,27 +131,11 @@ def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return row
 
 
-def _read_csv(file: Path, columns: list[str], run_id: str) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(file)
-    except pd.errors.EmptyDataError:
-        return pd.DataFrame(columns=columns)
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{file}: corrupt CSV ({str(exc).splitlines()[0]})") from None
-    for col in (c for c in STEP_TIME_COLUMNS if c in columns and c not in frame.columns):
-        frame[col] = float("nan")  # written before steps carried a time breakdown
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ConfigError(f"{file}: not a psbench {file.name}, missing column(s) {', '.join(missing)}")
+def _read_table(file: Path, run_id: str) -> pd.DataFrame:
+    frame = read_table_file(file)
     if len(frame) and set(frame["run_id"].astype(str)) != {run_id}:
         raise ConfigError(f"{file}: rows belong to another run than {run_id}")
-    for col in ("t_wall", "loss", "accuracy", "staleness", "bytes", "n_samples", "step", *STEP_TIME_COLUMNS):
-        if col in frame.columns:
-            converted = pd.to_numeric(frame[col], errors="coerce")
-            if converted.isna().sum() > frame[col].isna().sum():
-                raise ConfigError(f"{file}: column {col} holds non-numeric values")
-            frame[col] = converted
-    return frame[columns]
+    return frame
 
 
 def _shard_rows(file: Path, run_id: str) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from psbench.core.emulation import parse_device, parse_stragglers, real_share, stall_schedule
-from psbench.core.records import Recorder, RunResult
+from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
@@ -166,14 +166,15 @@ def record_run(planned: PlannedRun) -> Recorder:
     return recorder
 
 
-def run_one(planned: PlannedRun, results_dir: Path, suite: str) -> RunResult:
-    return record_run(planned).finish(results_dir, suite)
+def run_one(planned: PlannedRun, results_dir: Path, suite: str, record_format: str = DEFAULT_FORMAT) -> RunResult:
+    return record_run(planned).finish(results_dir, suite, record_format)
 
 
 def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = True,
             progress: bool = True, skip_unavailable: bool = False,
-            allow_oversubscribe: bool = False) -> list[RunResult | None]:
-    """Validate all, then run each spec not already complete; returns results (None = skipped)."""
+            allow_oversubscribe: bool = False, record_format: str = DEFAULT_FORMAT) -> list[RunResult | None]:
+    """Validate all, then run each spec not already complete; returns results (None = skipped).
+    Record tables are written as `record_format` (parquet or csv)."""
     planned: list[PlannedRun | None] = []
     for spec in specs:
         try:
@@ -194,7 +195,7 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
     for p in todo:
         if bar is not None:
             bar.set_postfix_str(p.spec.run_id, refresh=True)
-        results.append(run_one(p, results_dir, suite))
+        results.append(run_one(p, results_dir, suite, record_format))
         if bar is not None:
             bar.update(1)
     if bar is not None:

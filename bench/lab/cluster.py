@@ -436,7 +436,7 @@ def collect_ps(cf: ClusterFile, roles: list[PlannedRole], recorder) -> None:
 
 
 def collect_ddp(roles: list[PlannedRole], recorder) -> None:
-    import pandas as pd
+    from psbench.core.tables import read_table
 
     for rank, role in enumerate(roles):
         run_dirs = sorted(Path(role.out, "node").glob("*/manifest.json"))
@@ -448,15 +448,16 @@ def collect_ddp(roles: list[PlannedRole], recorder) -> None:
             eval_s = manifest["extra"].get("eval_s", 0.0)
             recorder.adopt_clock(manifest["start"], manifest["end"], eval_s)
             recorder.extra["eval_s"] = eval_s
-            for row in pd.read_csv(run_dir / "evals.csv").to_dict("records"):
+            for row in read_table(run_dir, "evals").to_dict("records"):
                 recorder.eval(int(row["step"]), row["split"], row["loss"], row["accuracy"], t_wall=row["t_wall"])
-        steps = pd.read_csv(run_dir / "steps.csv")
+        steps = read_table(run_dir, "steps")
         recorder.add_steps([{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
                             for row in steps.to_dict("records")])
 
 
-def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True):
-    """Run the cluster file once; returns the RunResult (None if already complete and resume)."""
+def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True, record_format: str = "parquet"):
+    """Run the cluster file once; returns the RunResult (None if already complete and resume).
+    Record tables are written as `record_format` (psbench.core.records.RECORD_FORMATS)."""
     from psbench.core.records import Recorder
     from psbench.bench.harness.runner import is_complete
     from psbench.workloads import get_workload
@@ -491,7 +492,7 @@ def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True):
         recorder.extra["cluster"] = {"launcher": cf.launcher, "source": cf.source,
                                      "hosts": [{"name": h.name, "address": hosts.addr(i), "roles": list(h.roles),
                                                 "cap_mbit": h.cap_mbit} for i, h in enumerate(cf.hosts)]}
-    return recorder.finish(results_dir, cf.suite)
+    return recorder.finish(results_dir, cf.suite, record_format)
 
 
 def dry_run(cf: ClusterFile) -> list[str]:

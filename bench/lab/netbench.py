@@ -24,6 +24,7 @@ import pandas as pd
 from psbench.bench.lab.cluster import ClusterFile, Host, recorded_spec, run_file
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
+from psbench.core.tables import read_table
 
 SUITE = "netlab"
 WORKLOAD = "mlp-wide-synthetic"
@@ -65,7 +66,7 @@ def run_setting(s: Setting, workers: int, steps: int, warmup: int, results_dir: 
     run_file(cf, results_dir, resume=resume)
     run_dir = Path(results_dir) / SUITE / recorded_spec(cf).run_id
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    steps_df = pd.read_csv(run_dir / "steps.csv")
+    steps_df = read_table(run_dir, "steps")
     return {"system": s.system, "label": s.label, "consistency": s.consistency if s.system == "ps" else "",
             "cap_mbit": s.cap_mbit, "workers": workers, "steps": steps,
             "batch_size": int(steps_df["n_samples"].median()),

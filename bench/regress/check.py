@@ -31,6 +31,8 @@ RATIO_BENCHMARKS: dict[str, str] = {
     "harness_overhead": "psbench.bench.regress.benchmarks:harness_overhead",
     "ps": "psbench.bench.regress.benchmarks:ps_overhead",
     "peers": "psbench.bench.regress.peer_benchmarks:ps_vs_peers",
+    # wire, push+pull round trip, shard apply, training step: timed by pytest-benchmark (tests/microbench)
+    "micro": "psbench.bench.regress.micro:micro_ratios",
 }
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "regress.json"
 DEFAULT_TOLERANCE = 0.25

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from psbench.core.tables import read_table
+
 
 def median_step_s(steps: list[dict[str, Any]] | pd.DataFrame) -> float:
     from psbench.core.records import median_step_interval
@@ -59,7 +61,7 @@ def sweep_table(results_dir: Path, suite: str) -> pd.DataFrame:
     for manifest_path in sorted(Path(results_dir, suite).glob("*/manifest.json")):
         manifest = json.loads(manifest_path.read_text())
         spec = manifest["spec"]
-        steps = pd.read_csv(manifest_path.parent / "steps.csv")
+        steps = read_table(manifest_path.parent, "steps")
         overheads = manifest.get("extra", {}).get("spark_overheads", {})
         rows.append({"workload": spec["workload"], "system": spec["system"], "batch_size": spec["batch_size"],
                      "workers": spec["workers"], "median_step_s": median_step_s(steps),

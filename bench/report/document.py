@@ -429,10 +429,26 @@ def render_html(res: SuiteResults, blocks: list[Block]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suites", nargs="+", type=Path, metavar="RESULTS/SUITE",
                    help="suite folder(s), e.g. results/systems")
+    p.add_argument("--browser-check", action="store_true",
+                   help="open report.html in headless Chromium: fail on console errors or images that do not "
+                        "load; save a full-page screenshot as report.png beside it")
 
 
 def main(args: argparse.Namespace) -> int:
     for suite in args.suites:
         report = build_report(suite)
         print(f"{report.markdown}  {report.html}  ({len(report.plots)} plot(s): {', '.join(report.plots) or 'none'})")
+        if getattr(args, "browser_check", False) and not browser_check(report.html):
+            return 1
     return 0
+
+
+def browser_check(html_path: Path) -> bool:
+    """Open the report as a reader would; print what went wrong, if anything."""
+    from psbench.bench.report.browser import check_page
+
+    check = check_page(html_path, html_path.with_suffix(".png"))
+    for problem in check.errors + [f"image did not load: {i['alt']}" for i in check.broken_images]:
+        print(f"psbench report: {html_path}: {problem}")
+    print(f"{check.screenshot}  (Chromium: {len(check.images)} image(s), {len(check.errors)} console error(s))")
+    return check.ok

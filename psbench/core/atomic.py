@@ -41,6 +41,17 @@ def atomic_write_csv(path: Path, frame: pd.DataFrame) -> None:
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
+def atomic_write_table(path: Path, frame: pd.DataFrame) -> None:
+    """A frame as Parquet (`.parquet`, its dtypes kept) or CSV (`.csv`), by the path's suffix."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, engine="pyarrow"))
+    elif path.suffix == ".csv":
+        atomic_write_csv(path, frame)
+    else:
+        raise ValueError(f"{path}: a table is written as .parquet or .csv")
+
+
 def atomic_replace_dir(staging: Path, final: Path) -> None:
     """Move a fully written staging directory into place; an older `final` is swapped out whole."""
     final = Path(final)

@@ -1,6 +1,9 @@
 """Metric records for one run (one row per event, tidy) and the run's manifest.
 
-Layout: results/<suite>/<run-id>/ {manifest.json, steps.csv, evals.csv, events.csv, shards.json}.
+Layout: results/<suite>/<run-id>/ {manifest.json, steps, evals, events, shards.json}, each table a
+Parquet file (`steps.parquet`, the default) or a CSV file (`steps.csv`, `--format csv`); readers
+take either (psbench.core.tables). The record schema is here, in one place: each table's columns
+(STEP_COLUMNS, EVAL_COLUMNS, EVENT_COLUMNS) and every column's type and meaning (COLUMNS).
 The run directory is staged under a hidden name and renamed into place when complete.
 """
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from psbench.core.atomic import atomic_replace_dir, atomic_write_csv, atomic_write_json
+from psbench.core.atomic import atomic_replace_dir, atomic_write_json, atomic_write_table
 from psbench.core.spec import RunSpec
 
 # A step row's time is split (seconds; empty where a system cannot tell): compute_s the real
@@ -30,6 +33,40 @@ STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_s
 EVAL_COLUMNS = ["run_id", "system", "workload", "step", "t_wall", "split", "loss", "accuracy"]
 EVENT_COLUMNS = ["run_id", "kind", "t_wall", "step", "worker", "detail"]
 MANIFEST_VERSION = 1
+
+# Every column of every table: (pandas dtype on disk, meaning). 'Int64' is an integer that may be
+# missing (null); Parquet files carry these types, CSV files their text. A new column needs a line
+# here (tests/test_records_format.py checks that every table column has one).
+COLUMNS: dict[str, tuple[str, str]] = {
+    "run_id": ("string", "the run: <system>-<workload>-w<workers>-s<seed>-<config hash> (its folder's name)"),
+    "system": ("string", "system adapter name (`psbench list`)"),
+    "workload": ("string", "workload name (`psbench list`)"),
+    "worker": ("Int64", "worker index 0..N-1 (events: the worker concerned, or null)"),
+    "step": ("Int64", "the worker's step number from 0 (evals: steps done when evaluated; events: or null)"),
+    "t_wall": ("float64", "seconds on the run's training clock (set-up and evaluation pauses excluded)"),
+    "n_samples": ("Int64", "examples in this step's mini-batch"),
+    "loss": ("float64", "steps: the mini-batch's training loss; evals: mean loss over the split"),
+    "staleness": ("Int64", "server versions between the worker's pull and the apply of its update (PS only, else null)"),
+    "bytes": ("Int64", "bytes this step sent and received on the wire, when the system counts them, else null"),
+    "split": ("string", "train | val"),
+    "accuracy": ("float64", "accuracy over the split, 0..1"),
+    "compute_s": ("float64", "seconds of this step spent computing the gradient (real compute)"),
+    "emulated_s": ("float64", "seconds an emulated device or a straggler slept in this step (psbench.core.emulation)"),
+    "comm_s": ("float64", "seconds moving gradients and parameters (a synchronous exchange: the least among the "
+                          "workers at the step)"),
+    "wait_s": ("float64", "seconds waiting on other workers (barrier, SSP block, allGather, a collective's slowest)"),
+    "kind": ("string", "event kind: switch, handover, stall, worker_lost, ..."),
+    "detail": ("string", "event details as a JSON object"),
+}
+TABLES: dict[str, list[str]] = {"steps": STEP_COLUMNS, "evals": EVAL_COLUMNS, "events": EVENT_COLUMNS}
+RECORD_FORMATS = ("parquet", "csv")  # file suffixes too
+DEFAULT_FORMAT = "parquet"
+
+
+def typed_frame(rows: list[dict[str, Any]] | pd.DataFrame, table: str) -> pd.DataFrame:
+    """A table's rows as a frame with the schema's columns, in order, and their types."""
+    frame = pd.DataFrame(rows, columns=TABLES[table])
+    return frame.astype({c: COLUMNS[c][0] for c in frame.columns if c in COLUMNS})
 
 
 @dataclass
@@ -203,8 +240,11 @@ class Recorder:
             out["staleness_hist"] = {str(i): int(c) for i, c in enumerate(hist) if c}
         return out
 
-    def finish(self, results_dir: Path, suite: str) -> RunResult:
-        """Write every file into a staging directory, then rename it into place."""
+    def finish(self, results_dir: Path, suite: str, record_format: str = DEFAULT_FORMAT) -> RunResult:
+        """Write every file into a staging directory, then rename it into place. Tables are
+        `record_format` files (parquet or csv)."""
+        if record_format not in RECORD_FORMATS:
+            raise ValueError(f"record format {record_format!r}: allowed {', '.join(RECORD_FORMATS)}")
         if self.t_end is None:
             self.stop_clock()
         suite_dir = Path(results_dir) / suite
@@ -213,9 +253,8 @@ class Recorder:
         staging = suite_dir / f".staging-{self.spec.run_id}-{os.getpid()}"
         staging.mkdir()
         summary = self.summary()
-        atomic_write_csv(staging / "steps.csv", pd.DataFrame(self.steps, columns=STEP_COLUMNS))
-        atomic_write_csv(staging / "evals.csv", pd.DataFrame(self.evals, columns=EVAL_COLUMNS))
-        atomic_write_csv(staging / "events.csv", pd.DataFrame(self.events, columns=EVENT_COLUMNS))
+        for table, rows in (("steps", self.steps), ("evals", self.evals), ("events", self.events)):
+            atomic_write_table(staging / f"{table}.{record_format}", typed_frame(rows, table))
         if self.shard_report is not None:
             atomic_write_json(staging / "shards.json", self.shard_report)
         manifest = {
