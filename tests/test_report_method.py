@@ -13,19 +13,32 @@ import pytest
 
 from psbench.bench.harness.results import load_suite
 from psbench.bench.report import measures
-from psbench.bench.report.document import (_ci, accuracy_table, breakdown_table, build_report, runs_table,
-                                           sharding_table, summary_table, switch_table, thesis_table,
+from psbench.bench.report.document import (_ci, accuracy_table, breakdown_table, build_report, compose,
+                                           runs_table, sharding_table, summary_table, switch_table, thesis_table,
                                            warnings_text)
+from psbench.bench.report.plots import time_breakdown
 from psbench.bench.report.stats import bootstrap_ci, mlperf_time_to_target
 from psbench.core.spec import RunSpec
-from report_fixtures import build_fixture_suite, fake_run
+from report_fixtures import fake_run
 
 PARTS = {"compute_s": 0.5, "comm_s": 0.3, "wait_s": 0.2}
 
 
 @pytest.fixture(scope="module")
 def fixture_suite(tmp_path_factory) -> Path:
-    return build_fixture_suite(tmp_path_factory.mktemp("results"))
+    """single, ps bsp (3 seeds) and asp, ddp and a Strategy-Switch run; all but single with a time
+    breakdown."""
+    results = tmp_path_factory.mktemp("results")
+    fake_run(results, "light", RunSpec("single", "mlp-digits", batch_size=16), step_s=0.001)
+    for seed in range(3):
+        spec = RunSpec("ps", "mlp-digits", workers=2, seed=seed, batch_size=16, options={"consistency": "bsp"})
+        fake_run(results, "light", spec, step_s=0.002, parts={"compute_s": 0.5, "comm_s": 0.25, "wait_s": 0.2})
+    fake_run(results, "light", RunSpec("ps", "mlp-digits", workers=2, batch_size=16, options={"consistency": "asp"}),
+             step_s=0.002, parts={"compute_s": 0.5, "comm_s": 0.45})
+    fake_run(results, "light", RunSpec("ddp", "mlp-digits", workers=2, batch_size=16), step_s=0.003, parts=PARTS)
+    fake_run(results, "light", RunSpec("switch", "mlp-digits", workers=2, batch_size=16), step_s=0.0025,
+             switch_at=10, handover_s=0.2, parts=PARTS)
+    return results / "light"
 
 
 @pytest.fixture(scope="module")
@@ -219,17 +232,24 @@ def test_switch_thesis_row_compares_with_pure_sync_and_async_only(tmp_path):
 # ---- breakdown --------------------------------------------------------------------------------
 
 def test_breakdown_table_and_plot(fixture_suite, tmp_path):
-    suite = Path(shutil.copytree(fixture_suite, tmp_path / "copy"))
-    report = build_report(suite)
-    png = suite / "plots" / "time_breakdown.png"
-    assert "time_breakdown" in report.plots and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
-    assert (suite / "plots" / "time_breakdown.svg").read_text().count("<svg") == 1
-    table = breakdown_table(_report_res(suite))
-    bsp = table[(table["system"] == "ps (bsp)") & (table["workers"] == 2) & (table["batch/worker"] == 16)].iloc[0]
+    res = _report_res(fixture_suite)
+    png, svg = time_breakdown(res, tmp_path)
+    assert png.name == "time_breakdown.png" and png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
+    assert svg.read_text().count("<svg") == 1
+    table = breakdown_table(res)
+    bsp = table[table["system"] == "ps (bsp)"].iloc[0]
     # fixture: step_s 2 ms (x1.02 on worker 1); bsp splits it 50% compute, 25% comm, 20% wait
+    assert bsp["runs"] == 3
     assert bsp["compute (ms)"] == pytest.approx(1.0 * 1.01, rel=1e-3)
     assert bsp["communication (ms)"] == pytest.approx(0.5 * 1.01, rel=1e-3)
     assert bsp["waiting (ms)"] == pytest.approx(0.4 * 1.01, rel=1e-3)
     assert np.isnan(bsp["emulated (ms)"])
     assert bsp["bytes are"].startswith("measured")
-    assert "No breakdown recorded for: single" in report.markdown.read_text()
+    assert table.set_index("system").loc["ddp", "bytes are"].startswith("computed")
+    text = " ".join(b.text for b in compose(res, {}) if b.kind == "p")
+    assert "No breakdown recorded for: single." in text
+    only_single = res.runs[res.runs["system"] == "single"]["run_id"]  # nothing to draw: no plot
+    res_single = load_suite(fixture_suite)
+    res_single.runs = res_single.runs[res_single.runs["run_id"].isin(only_single)]
+    res_single.steps = res_single.steps[res_single.steps["run_id"].isin(only_single)]
+    assert time_breakdown(res_single, tmp_path / "none") == []
