@@ -82,6 +82,9 @@ def annotate(res: SuiteResults) -> SuiteResults:
     if "steady_samples_per_s" in res.runs.columns:
         return res
     runs = res.runs.copy()
+    for col in ("train_s", "time_to_target_s", "setup_s", "handover_s", "final_val_accuracy", "final_train_loss"):
+        if col not in runs.columns:  # a summary field older results lack
+            runs[col] = math.nan
     by_run = dict(tuple(res.steps.groupby("run_id"))) if len(res.steps) else {}
     steady, per_worker = {}, {}
     for run_id, rows in by_run.items():
@@ -90,8 +93,8 @@ def annotate(res: SuiteResults) -> SuiteResults:
         per_worker[run_id] = len(rows) / max(1, rows["worker"].nunique())
     runs["steady_samples_per_s"] = runs["run_id"].map(steady).astype(float)
     runs["steps_per_worker"] = runs["run_id"].map(per_worker).fillna(0.0).astype(float)
-    train_s = pd.to_numeric(runs["train_s"], errors="coerce") if "train_s" in runs else pd.Series(math.nan, runs.index)
-    runs["too_short"] = [too_short(s, t) for s, t in zip(runs["steps_per_worker"], train_s.fillna(0.0))]
+    train_s = pd.to_numeric(runs["train_s"], errors="coerce").fillna(0.0)
+    runs["too_short"] = [too_short(s, t) for s, t in zip(runs["steps_per_worker"], train_s)]
     switches = res.events[res.events["kind"] == "switch"]
     runs["switch_t_wall"] = runs["run_id"].map(switches.groupby("run_id")["t_wall"].min()).astype(float)
     runs["tta_with_costs_s"] = runs.apply(_tta_with_costs, axis=1) if len(runs) else []
