@@ -65,7 +65,7 @@ def _report_res(suite: Path):
 
 def test_every_summary_table_carries_n_and_interval_columns(fixture_suite):
     res = _report_res(fixture_suite)
-    for table, figures in ((summary_table(res), ["samples/s", "speed-up"]),
+    for table, figures in ((summary_table(res), ["samples/s", "speed-up", "scaling eff."]),
                            (accuracy_table(res), ["launch (s)", "final val acc", "final train loss"]),
                            (breakdown_table(res), ["step (ms)"]), (switch_table(res), ["final val acc"])):
         assert "runs" in table.columns

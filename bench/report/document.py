@@ -28,7 +28,8 @@ from psbench.bench.report.stats import (CONFIDENCE, N_BOOT, Interval, bootstrap_
 from psbench.bench.harness.results import SuiteResults, load_suite
 
 PLOT_CAPTIONS = {
-    "throughput_vs_workers": "Throughput (training samples per second, all workers together) against the number of workers.",
+    "throughput_vs_workers": "Throughput (training samples per second, all workers together, after warm-up: see "
+                             "Method) against the number of workers.",
     "step_time_vs_batch": "Time per mini-batch against mini-batch size, log-log. Kassela et al. (2019): the PS's "
                           "per-mini-batch cost fell up to 14x as batches shrank, Spark MLlib's at most 1.36x.",
     "time_to_accuracy": "Validation accuracy against training wall time (evaluation time excluded).",
@@ -137,6 +138,7 @@ def summary_table(res: SuiteResults) -> pd.DataFrame:
         row["speed-up vs single"] = _estimate(speedup)
         row["speed-up 95% CI"] = _ci(speedup)
         row["scaling eff."] = None if row["speed-up vs single"] is None else row["speed-up vs single"] / key[-1]
+        row["scaling eff. 95% CI"] = _ci(speedup, scale=1 / key[-1])
         row["too short"] = _too_short(group)
         rows.append(row)
     return pd.DataFrame(rows)
