@@ -18,9 +18,12 @@ T0 = 1_700_000_000.0  # a fixed training-clock origin for fixture runs
 
 def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, steps: int = 24,
              acc_max: float = 0.9, tau: float = 0.3, final_noise: float = 0.0, staleness: list[int] | None = None,
-             switch_at: int | None = None, shards: bool = False, target: float = 0.85) -> None:
+             switch_at: int | None = None, shards: bool = False, target: float = 0.85,
+             parts: dict[str, float] | None = None, setup_s: float = 0.5, handover_s: float | None = None) -> None:
     """One run of `spec.system` as a real Recorder would write it: `steps` steps per worker, each
-    taking step_s; validation accuracy climbs to acc_max with time constant tau seconds."""
+    taking step_s; validation accuracy climbs to acc_max with time constant tau seconds. `parts`:
+    the step's time breakdown as fractions of step_s (compute_s, emulated_s, comm_s, wait_s);
+    setup_s the launch cost, handover_s a Strategy-Switch hand-over kept off the clock."""
     rng = np.random.default_rng(zlib.crc32(spec.run_id.encode()))
     rec = Recorder(spec, target_accuracy=target)
     batch = spec.batch_size or 32
@@ -30,7 +33,8 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
         for step in range(steps):
             t = (step + 1) * step_s * (1 + 0.02 * worker)
             stale = None if staleness is None else int(staleness[(step + worker) % len(staleness)])
-            rec.step(worker, step, batch, loss=2.3 * math.exp(-t / tau) + 0.1, staleness=stale, t_wall=t)
+            split = {k: f * step_s * (1 + 0.02 * worker) for k, f in (parts or {}).items()}
+            rec.step(worker, step, batch, loss=2.3 * math.exp(-t / tau) + 0.1, staleness=stale, t_wall=t, **split)
     for k in range(7):
         step = k * steps // 6
         t = step * step_s
@@ -39,6 +43,7 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
         rec.eval(step, "val", 2.3 * math.exp(-t / tau) + 0.15 - noise / 2, min(1.0, acc), t_wall=t)
     if switch_at is not None:
         rec.event("switch", step=switch_at, t_wall=switch_at * step_s, criterion="plateau", to="async")
+        rec.extra["switch"] = {"handover_s": handover_s, "switch_t_wall": switch_at * step_s}
     if shards:
         labels = np.repeat(np.arange(10), 30)
         features = (labels[:, None] + rng.standard_normal((len(labels), 4))).astype(np.float32)
@@ -46,6 +51,7 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
                            spec.seed)
         rec.shard_report = plan.report(labels, 10)
     rec.t0 = T0
+    rec.extra["setup_s"] = setup_s
     rec.t_end = T0 + steps * step_s * (1 + 0.02 * (spec.workers - 1))
     rec.finish(results_dir, suite)
 
@@ -56,22 +62,25 @@ def build_fixture_suite(results_dir: Path, suite: str = "fixture") -> Path:
     specs = [RunSpec("single", "mlp-digits", batch_size=b, max_steps=12, evals_per_epoch=1) for b in (16, 64)]
     run_all(specs, results_dir, suite, progress=False)
     # The PS: asp with staleness, bsp without, at 2 and 4 workers; a batch-size sweep at 2 workers.
+    split = {"asp": {"compute_s": 0.5, "comm_s": 0.45}, "bsp": {"compute_s": 0.5, "comm_s": 0.25, "wait_s": 0.2}}
     for consistency, stale in (("asp", [0, 1, 1, 2, 3]), ("bsp", [0])):
         for workers in (2, 4):
             for batch in ((16, 64) if workers == 2 else (16,)):
                 spec = RunSpec("ps", "mlp-digits", workers=workers, batch_size=batch,
                                options={"consistency": consistency})
-                fake_run(results_dir, suite, spec, step_s=0.002 * (batch / 16) ** 0.2, staleness=stale)
+                fake_run(results_dir, suite, spec, step_s=0.002 * (batch / 16) ** 0.2, staleness=stale,
+                         parts=split[consistency])
     # The peer parameter servers beside the PS (asp, batch 16, 2 and 4 workers), slower per step.
     for system, step_s in (("ray-ps", 0.006), ("rpc-ps", 0.003)):
         for workers in (2, 4):
             fake_run(results_dir, suite, RunSpec(system, "mlp-digits", workers=workers, batch_size=16,
                                                  options={"consistency": "asp"}), step_s=step_s, staleness=[0, 1])
     # Allreduce at 2 workers.
-    fake_run(results_dir, suite, RunSpec("ddp", "mlp-digits", workers=2, batch_size=16), step_s=0.003)
+    fake_run(results_dir, suite, RunSpec("ddp", "mlp-digits", workers=2, batch_size=16), step_s=0.003,
+             parts={"compute_s": 0.4, "comm_s": 0.4, "wait_s": 0.15})
     # Strategy-Switch with its switch event.
     fake_run(results_dir, suite, RunSpec("strategy-switch", "mlp-digits", workers=2, batch_size=16),
-             step_s=0.0025, switch_at=10)
+             step_s=0.0025, switch_at=10, handover_s=0.2)
     # Sharding variance: three strategies, three seeds, with shard reports; random is the noisiest.
     for strategy, spread in (("random", 0.04), ("stratified", 0.015), ("distribution-aware:3", 0.01)):
         for seed in range(3):

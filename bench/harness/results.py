@@ -18,7 +18,8 @@ from psbench.core.errors import ConfigError
 from psbench.core.tables import table_files, read_table_file
 
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png"}  # written by bench.report into the suite folder
-SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps"]
+SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps",
+                "emulate_device", "stragglers"]
 
 
 @dataclass
@@ -127,8 +128,26 @@ def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             row[key] = value
     extra = manifest.get("extra") or {}
     row["setup_s"] = extra.get("setup_s")
+    switch = extra.get("switch") if isinstance(extra.get("switch"), dict) else {}
+    row["handover_s"] = switch.get("handover_s")
+    # Whether the hand-over already lies on the training clock (then it is in t_wall and the time to
+    # target); runs that kept it off the clock say nothing, and the report adds it.
+    row["handover_on_clock"] = bool(switch.get("handover_on_clock", False))
+    conditions = extra.get("conditions") if isinstance(extra.get("conditions"), dict) else {}
+    row["oversubscribed"] = conditions.get("oversubscribed")
     row["git_sha"] = manifest.get("git_sha")
+    row["git_dirty"] = manifest.get("git_dirty")
+    row["conditions"] = conditions_label(spec.get("emulate_device"), spec.get("stragglers"))
+    if not isinstance(row.get("budget"), str):  # written before the summary named its budget
+        row["budget"] = spec.get("budget") or ("steps per worker" if spec.get("max_steps") else "epochs per worker")
     return row
+
+
+def conditions_label(emulate_device: str | None, stragglers: str | None) -> str:
+    """The cluster conditions a run trained under, as one string ('native' when none were emulated):
+    runs under other conditions are other configurations and are never pooled."""
+    parts = [f"device {emulate_device}" if emulate_device else "", f"stragglers {stragglers}" if stragglers else ""]
+    return ", ".join(p for p in parts if p) or "native"
 
 
 def _read_table(file: Path, run_id: str) -> pd.DataFrame:

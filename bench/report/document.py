@@ -19,12 +19,17 @@ import numpy as np
 import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
-from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, draw_all, scaling_table,
-                         sharding_runs)
+from psbench.core.records import STEP_TIME_COLUMNS
+from psbench.bench.report import measures
+from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
+                                        breakdown_groups, draw_all, sharding_runs, throughput_column)
+from psbench.bench.report.stats import (CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci,
+                                        variance_ratio)
 from psbench.bench.harness.results import SuiteResults, load_suite
 
 PLOT_CAPTIONS = {
-    "throughput_vs_workers": "Throughput (training samples per second, all workers together) against the number of workers.",
+    "throughput_vs_workers": "Throughput (training samples per second, all workers together, after warm-up: see "
+                             "Method) against the number of workers.",
     "ps_vs_peers": "Samples/s of our parameter server (ps) and the peer parameter servers on Ray (ray-ps) and "
                    "torch.distributed.rpc (rpc-ps) against the number of workers.",
     "step_time_vs_batch": "Time per mini-batch against mini-batch size, log-log. Kassela et al. (2019): the PS's "
@@ -38,6 +43,11 @@ PLOT_CAPTIONS = {
                          "(dots are individual seeds).",
     "shard_class_counts": "Examples of each class per worker shard: a tight box means every worker sees the "
                           "global class mix.",
+    "time_breakdown": "Median time per step of each part (compute, emulated device or straggler sleep, "
+                      "communication, waiting on other workers), per system and worker count, after warm-up; "
+                      "◆ = median step time. Medians of parts need not add up to the median step; a part a "
+                      "system cannot tell draws as 0 (the breakdown table shows it as –); parts no system tells are "
+                      "left out.",
 }
 
 THESIS = {
@@ -67,7 +77,7 @@ class Report:
 
 
 def build_report(suite_dir: Path | str) -> Report:
-    res = load_suite(suite_dir)
+    res = measures.annotate(load_suite(suite_dir))
     plots = draw_all(res)
     blocks = compose(res, plots)
     md_path, html_path = res.path / "report.md", res.path / "report.html"
@@ -78,42 +88,151 @@ def build_report(suite_dir: Path | str) -> Report:
 
 # ---- tables ------------------------------------------------------------------------------
 
+GROUP = ["workload", "label", "batch_size", "sharding", "conditions", "workers"]  # one configuration
+GROUP_NAMES = {"label": "system", "batch_size": "batch/worker"}
+SWITCH_SYSTEMS = ("switch", "strategy-switch")
+SYNC_SYSTEMS = ("ddp", "horovod", "spark-mllib", "spark-barrier", "spark-torch")
+PS_DEFAULT_CONSISTENCY = "asp"  # systems/ps/adapter.py PSOptions.consistency
+
+
+def _key_cells(key: tuple) -> dict[str, Any]:
+    return {GROUP_NAMES.get(k, k): v for k, v in zip(GROUP, key)}
+
+
+def _ci(interval: Interval, scale: float = 1.0) -> str:
+    """'lo – hi' of a 95% interval, '–' where there is none (fewer than 2 runs)."""
+    if _missing(interval.lo) or _missing(interval.hi):
+        return "–"
+    return f"{_fmt(interval.lo * scale)} – {_fmt(interval.hi * scale)}"
+
+
+def _with_ci(row: dict[str, Any], name: str, values: Any, statistic: str = "mean", scale: float = 1.0) -> None:
+    """row[name] = the statistic over runs; row[name + ' 95% CI'] = its bootstrap interval."""
+    ci = bootstrap_ci([] if values is None else pd.to_numeric(values, errors="coerce"), statistic)
+    row[name] = None if ci.n == 0 else ci.estimate * scale
+    row[f"{name} 95% CI"] = _ci(ci, scale)
+
+
+def _estimate(interval: Interval) -> float | None:
+    return None if _missing(interval.estimate) else interval.estimate
+
+
+def _budgets(group: pd.DataFrame) -> str:
+    return ", ".join(sorted(group["budget"].dropna().astype(str).unique())) or "–"
+
+
+def _too_short(group: pd.DataFrame) -> str:
+    return f"{int((group['too_short'] != '').sum())}/{len(group)}"
+
+
 def summary_table(res: SuiteResults) -> pd.DataFrame:
+    """Throughput per configuration: mean over runs with a 95% bootstrap interval, speed-up and
+    scaling efficiency against baseline_runs (intervals from resampling both sides)."""
+    res = measures.annotate(res)
     runs = res.runs
-    keys = ["workload", "label", "batch_size", "sharding", "workers"]
-    scaling = scaling_table(runs).set_index(keys)
+    value = throughput_column(runs)
     rows = []
-    for key, group in runs.groupby(keys, sort=True):
-        hit = group["time_to_target_s"].dropna() if "time_to_target_s" in group else pd.Series(dtype=float)
-        sc = scaling.loc[key] if key in scaling.index else None
-        rows.append({
-            "workload": key[0], "system": key[1], "batch/worker": key[2], "sharding": key[3], "workers": key[4],
-            "runs": len(group),
-            "samples/s": group["samples_per_s"].mean(),
-            "speed-up vs single": None if sc is None else sc["speedup"],
-            "scaling eff.": None if sc is None else sc["efficiency"],
-            "time to target (s)": hit.mean() if len(hit) else None,
-            "reached target": f"{len(hit)}/{len(group)}",
-            "final val acc": _mean_sd(group.get("final_val_accuracy")),
-            "final train loss": _mean_sd(group.get("final_train_loss")),
-        })
+    for key, group in runs.groupby(GROUP, sort=True):
+        row = {**_key_cells(key), "budget": _budgets(group), "runs": len(group)}
+        _with_ci(row, "samples/s", group[value])
+        base = baseline_runs(runs, group.iloc[0])
+        speedup = ratio_ci(group[value], base[value]) if len(base) else Interval(0, math.nan, math.nan, math.nan)
+        row["speed-up vs single"] = _estimate(speedup)
+        row["speed-up 95% CI"] = _ci(speedup)
+        row["scaling eff."] = None if row["speed-up vs single"] is None else row["speed-up vs single"] / key[-1]
+        row["scaling eff. 95% CI"] = _ci(speedup, scale=1 / key[-1])
+        row["too short"] = _too_short(group)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
+def accuracy_table(res: SuiteResults) -> pd.DataFrame:
+    """Time to target as MLPerf scores it, with the launch and hand-over costs in their own columns
+    and included, and the final quality with intervals."""
+    res = measures.annotate(res)
+    runs = res.runs
+    handover = runs["handover_s"].notna().any() if "handover_s" in runs else False
+    rows = []
+    for key, group in runs.groupby(GROUP, sort=True):
+        row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}
+        _with_ci(row, "launch (s)", group["setup_s"])
+        if handover:
+            _with_ci(row, "hand-over (s)", group["handover_s"])
+        clock = mlperf_time_to_target(group["time_to_target_s"].tolist())
+        costs = mlperf_time_to_target(group["tta_with_costs_s"].tolist())
+        row["time to target, training clock (s)"] = clock.value
+        row["time to target incl. launch + hand-over (s)"] = costs.value
+        row["spread (s)"] = "–" if costs.fastest is None else f"{_fmt(costs.fastest)} – {_fmt(costs.slowest)}"
+        row["reached target"] = f"{clock.reached}/{clock.n}"
+        _with_ci(row, "final val acc", group.get("final_val_accuracy"))
+        _with_ci(row, "final train loss", group.get("final_train_loss"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def breakdown_table(res: SuiteResults) -> pd.DataFrame:
+    """Median per-step time of each part per configuration (median over steps after warm-up, then
+    over runs), the median step with its interval over runs, the slowest worker's median step ÷ the
+    median worker's, and the bytes per step with what they are (measured or computed)."""
+    runs = breakdown_groups(measures.annotate(res))
+    rows = []
+    for key, group in runs.groupby(GROUP, sort=True):
+        row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}
+        for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting")):
+            row[f"{name} (ms)"] = _median(group[col]) * 1000
+        _with_ci(row, "step (ms)", group["step_s"], "median", scale=1000)
+        row["slowest ÷ median worker"] = _median(group["slowest_ratio"])
+        row["bytes/step"] = _median(group["bytes_per_step"])
+        first = group.iloc[0]
+        row["bytes are"] = measures.bytes_source(first["system"], res.manifests.get(first["run_id"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _median(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.median()) if len(values) else math.nan
+
+
+def runs_table(res: SuiteResults) -> pd.DataFrame:
+    """One row per run: its budget, length, costs, flags and code version."""
+    runs = measures.annotate(res).runs
+    frame = pd.DataFrame({
+        "run": runs["run_id"], "system": runs["label"], "workers": runs["workers"], "seed": runs["seed"],
+        "conditions": runs["conditions"], "budget": runs["budget"], "steps/worker": runs["steps_per_worker"],
+        "train (s)": runs.get("train_s"), "launch (s)": runs["setup_s"], "hand-over (s)": runs["handover_s"],
+        "time to target incl. costs (s)": runs["tta_with_costs_s"],
+        "too short": runs["too_short"].replace("", "no"),
+        "git sha": runs["git_sha"].fillna("unknown").astype(str).str[:10],
+        "uncommitted changes": runs["git_dirty"].map({True: "yes", False: "no"}).fillna("unknown"),
+    })
+    if runs["oversubscribed"].notna().any():
+        frame["oversubscribed"] = runs["oversubscribed"]
+    if runs["handover_s"].isna().all():
+        frame = frame.drop(columns=["hand-over (s)"])
+    return frame
+
+
 def batch_sweep_table(res: SuiteResults) -> pd.DataFrame:
-    """Per variant: step time at the smallest and the largest batch, and the fall between them."""
+    """Per variant: step time at the smallest and the largest batch (median over runs, with its
+    interval), and the fall between them."""
     runs = res.runs.dropna(subset=["median_step_s"])
     rows = []
-    for key, group in runs.groupby(["workload", "label", "workers", "sharding"], sort=True):
+    for key, group in runs.groupby(["workload", "label", "workers", "sharding", "conditions"], sort=True):
         by_batch = group.groupby("batch_size")["median_step_s"].median()
         if len(by_batch) < 2:
             continue
-        rows.append({"workload": key[0], "system": key[1], "workers": key[2], "sharding": key[3],
-                     "smallest batch": by_batch.index[0], "ms/step": by_batch.iloc[0] * 1000,
-                     "largest batch": by_batch.index[-1], "ms/step ": by_batch.iloc[-1] * 1000,
-                     "cost fall (largest ÷ smallest)": by_batch.iloc[-1] / by_batch.iloc[0],
-                     "per-example cost ratio": (by_batch.iloc[0] / by_batch.index[0])
-                     / (by_batch.iloc[-1] / by_batch.index[-1])})
+        row: dict[str, Any] = {"workload": key[0], "system": key[1], "workers": key[2], "sharding": key[3],
+                               "conditions": key[4]}
+        for end, batch in (("smallest", by_batch.index[0]), ("largest", by_batch.index[-1])):
+            at = group.loc[group["batch_size"] == batch, "median_step_s"]
+            row[f"{end} batch"] = batch
+            row[f"runs at {end}"] = len(at)
+            _with_ci(row, f"ms/step at {end}", at, "median", scale=1000)
+        row["cost fall (largest ÷ smallest)"] = by_batch.iloc[-1] / by_batch.iloc[0]
+        row["per-example cost ratio"] = ((by_batch.iloc[0] / by_batch.index[0])
+                                         / (by_batch.iloc[-1] / by_batch.index[-1]))
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -121,41 +240,50 @@ def staleness_table(res: SuiteResults) -> pd.DataFrame:
     steps = res.steps.dropna(subset=["staleness"])
     if steps.empty:
         return pd.DataFrame()
-    steps = steps.drop(columns=["system", "workload"]).merge(res.runs[["run_id", "workload", "label", "workers"]], on="run_id")
+    steps = steps.drop(columns=["system", "workload"]).merge(
+        res.runs[["run_id", "workload", "label", "workers", "conditions"]], on="run_id")
     rows = []
-    for key, group in steps.groupby(["workload", "label", "workers"], sort=True):
+    for key, group in steps.groupby(["workload", "label", "workers", "conditions"], sort=True):
         values = group["staleness"].to_numpy(dtype=float)
-        rows.append({"workload": key[0], "system": key[1], "workers": key[2], "runs": group["run_id"].nunique(),
-                     "updates": len(values), "mean": values.mean(), "p50": np.percentile(values, 50),
-                     "p95": np.percentile(values, 95), "max": int(values.max()),
-                     "fresh (0)": f"{(values == 0).mean():.0%}"})
+        row: dict[str, Any] = {"workload": key[0], "system": key[1], "workers": key[2], "conditions": key[3],
+                               "runs": group["run_id"].nunique(), "updates": len(values)}
+        _with_ci(row, "mean", group.groupby("run_id")["staleness"].mean())  # interval over runs
+        row.update({"p50": np.percentile(values, 50), "p95": np.percentile(values, 95), "max": int(values.max()),
+                    "fresh (0)": f"{(values == 0).mean():.0%}"})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _metric_short(title: str) -> str:
+    return title.replace("final ", "")
+
+
 def sharding_table(res: SuiteResults) -> pd.DataFrame:
-    """Mean and variance over seeds of the final metrics per strategy, and random's variance ÷ the
-    strategy's (the thesis' variability reduction; > 1 means less variable than random)."""
+    """Per configuration, final metric and sharding strategy: mean over seeds with its interval, the
+    variance, and random's variance ÷ the strategy's (the thesis' variability reduction; > 1 means
+    less variable than random) with a bootstrap interval and tests of equal variances."""
     runs = sharding_runs(res.runs)
-    metrics = [m for m, _ in SHARDING_METRICS if m in runs.columns]
+    metrics = [(m, t) for m, t in SHARDING_METRICS if m in runs.columns and runs[m].notna().any()]
     if runs.empty or not metrics:
         return pd.DataFrame()
     rows = []
     for key, group in runs.groupby(SHARDING_GROUP, sort=True):
-        variances = {s: g[metrics].var(ddof=1) for s, g in group.groupby("sharding")}
-        for strategy in _strategy_order(variances):
-            g = group[group["sharding"] == strategy]
-            row: dict[str, Any] = {"workload": key[0], "system": key[1], "workers": key[2],
-                                   "batch/worker": key[3], "sharding": strategy, "seeds": g["seed"].nunique()}
-            for m in metrics:
-                short = m.replace("final_", "").replace("accuracy", "acc")
-                row[f"{short} mean"] = g[m].mean()
-                row[f"{short} var"] = variances[strategy][m]
-            for m in metrics:
-                short = m.replace("final_", "").replace("accuracy", "acc")
-                base = variances.get("random")
-                var = variances[strategy][m]
-                row[f"{short} var ratio"] = (base[m] / var) if base is not None and var and var > 0 else None
-            rows.append(row)
+        for metric, title in metrics:
+            base = group.loc[group["sharding"] == "random", metric].dropna()
+            for strategy in _strategy_order(group["sharding"].unique()):
+                values = group.loc[group["sharding"] == strategy, metric].dropna()
+                row: dict[str, Any] = {"workload": key[0], "system": key[1], "workers": key[2],
+                                       "batch/worker": key[3], "conditions": key[4], "metric": _metric_short(title),
+                                       "sharding": strategy, "seeds": len(values)}
+                _with_ci(row, "mean", values)
+                row["variance"] = values.var(ddof=1) if len(values) > 1 else None
+                vr = variance_ratio(base, values)
+                row["var ratio (random ÷ this)"] = None if _missing(vr.ratio) else vr.ratio
+                same = strategy == "random"  # random against itself: ratio 1 by definition, nothing to test
+                row["ratio 95% CI"] = "–" if same else _ci(Interval(vr.n_other, vr.ratio, vr.lo, vr.hi))
+                row["p (Brown–Forsythe)"] = None if same else vr.p_brown_forsythe
+                row["p (F)"] = None if same else vr.p_f
+                rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -190,26 +318,64 @@ def _ratio_of(a: Any, b: Any) -> float | None:
     return None if _missing(a) or _missing(b) or not b else a / b
 
 
+def role(run: pd.Series) -> str | None:
+    """'switch', 'sync' or 'async': what a run is in the Strategy-Switch comparison (None: neither)."""
+    if run["system"] in SWITCH_SYSTEMS:
+        return "switch"
+    consistency = run.get("opt_consistency")
+    if run["system"] == "ps" or isinstance(consistency, str):
+        consistency = consistency if isinstance(consistency, str) else PS_DEFAULT_CONSISTENCY
+        return "sync" if consistency == "bsp" else "async"
+    return "sync" if run["system"] in SYNC_SYSTEMS else None
+
+
+def _phase(run: pd.Series) -> tuple[str, str | None]:
+    """(system, consistency) of a pure run, as a switch run's phases are named."""
+    consistency = run.get("opt_consistency")
+    if run["system"] == "ps":
+        return "ps", consistency if isinstance(consistency, str) else PS_DEFAULT_CONSISTENCY
+    return run["system"], None
+
+
+def _switch_phases(run: pd.Series) -> dict[str, tuple[str, str | None]]:
+    """The pure runs a switch run's phases are: sync ddp or ps bsp, async ps with its consistency."""
+    sync = run.get("opt_sync") if isinstance(run.get("opt_sync"), str) else "ddp"
+    async_ = run.get("opt_async_consistency")
+    async_ = async_ if isinstance(async_, str) else "asp"
+    return {"sync": ("ps", "bsp") if sync == "ps-bsp" else ("ddp", None), "async": ("ps", async_)}
+
+
+def switch_runs(res: SuiteResults) -> pd.DataFrame:
+    """Strategy-Switch runs and the pure sync and async runs set up alike (same workload, workers,
+    batch size, sharding and conditions), with their role."""
+    runs = measures.annotate(res).runs
+    switched = runs[runs["system"].isin(SWITCH_SYSTEMS)]
+    if switched.empty:
+        return switched
+    alike = ["workload", "workers", "batch_size", "sharding", "conditions"]
+    runs = runs.merge(switched[alike].drop_duplicates(), on=alike)
+    runs["role"] = runs.apply(role, axis=1)
+    return runs[runs["role"].notna()]
+
+
 def switch_table(res: SuiteResults) -> pd.DataFrame:
-    switches = res.events[res.events["kind"] == "switch"]
-    if switches.empty:
-        return pd.DataFrame()
-    # Compare with the runs set up alike: same workload, workers, batch size and sharding.
-    alike = ["workload", "workers", "batch_size", "sharding"]
-    setups = res.runs[res.runs["run_id"].isin(switches["run_id"])][alike].drop_duplicates()
-    runs = res.runs.merge(setups, on=alike)
-    first_switch = switches.sort_values("t_wall").groupby("run_id")["t_wall"].first()
+    runs = switch_runs(res)
     rows = []
-    for key, group in runs.groupby(["workload", "label", "workers"], sort=True):
-        sw = group["run_id"].map(first_switch).dropna()
-        hit = group["time_to_target_s"].dropna()
-        rows.append({"workload": key[0], "system": key[1], "workers": key[2], "runs": len(group),
-                     "switch at (s)": sw.mean() if len(sw) else None,
-                     "time to target (s)": hit.mean() if len(hit) else None,
-                     "reached target": f"{len(hit)}/{len(group)}",
-                     "train time (s)": group["train_s"].mean(),
-                     "final val acc": group["final_val_accuracy"].mean() if "final_val_accuracy" in group else None,
-                     "has switch": len(sw) > 0})
+    for key, group in runs.groupby(["workload", "label", "workers", "conditions"], sort=True):
+        tta = mlperf_time_to_target(group["tta_with_costs_s"].tolist())
+        sw = group["switch_t_wall"].dropna()
+        is_switch = group["role"].iloc[0] == "switch"
+        row: dict[str, Any] = {"workload": key[0], "system": key[1], "role": group["role"].iloc[0],
+                               "workers": key[2], "conditions": key[3], "runs": len(group),
+                               "switched": f"{len(sw)}/{len(group)}" if is_switch else "–"}
+        _with_ci(row, "switch at (s)", sw)
+        _with_ci(row, "hand-over (s)", group["handover_s"])
+        row["time to target incl. costs (s)"] = tta.value
+        row["spread (s)"] = "–" if tta.fastest is None else f"{_fmt(tta.fastest)} – {_fmt(tta.slowest)}"
+        row["reached target"] = f"{tta.reached}/{tta.n}"
+        _with_ci(row, "train time (s)", group["train_s"])
+        _with_ci(row, "final val acc", group.get("final_val_accuracy"))
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -218,14 +384,24 @@ def environment_table(res: SuiteResults) -> pd.DataFrame:
     for manifest in res.manifests.values():
         machine = manifest.get("machine") or {}
         versions = manifest.get("versions") or {}
-        key = json.dumps([machine, versions, manifest.get("git_sha")], sort_keys=True)
+        key = json.dumps([machine, versions, manifest.get("git_sha"), manifest.get("git_dirty")], sort_keys=True)
         entry = rows.setdefault(key, {
             "cores": machine.get("cores"), "memory (GiB)": machine.get("memory_gib"),
             "platform": machine.get("platform"),
             **{k: v for k, v in sorted(versions.items()) if v is not None},
-            "git sha": (manifest.get("git_sha") or "")[:10], "runs": 0})
+            "git sha": (manifest.get("git_sha") or "")[:10],
+            "uncommitted changes": {True: "yes", False: "no"}.get(manifest.get("git_dirty"), "unknown"), "runs": 0})
         entry["runs"] += 1
     return pd.DataFrame(list(rows.values()))
+
+
+def bytes_table(res: SuiteResults) -> pd.DataFrame:
+    """What each system's `bytes` column holds: measured on the wire or computed from the model size."""
+    rows = []
+    for system, group in res.runs.groupby("system", sort=True):
+        rows.append({"system": system, "bytes column": measures.bytes_source(
+            system, res.manifests.get(group["run_id"].iloc[0]))})
+    return pd.DataFrame(rows)
 
 
 def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
@@ -238,35 +414,55 @@ def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
                      "ours": ours})
     if not sharding.empty:
         parts = []
-        for strategy, g in sharding[sharding["sharding"] != "random"].groupby("sharding"):
-            train = _max_ratio(g, "train")
-            val = _max_ratio(g, "val")
-            parts.append(f"{strategy}: up to {_fmt(train)}x (training), {_fmt(val)}x (validation)")
+        for strategy, g in sharding[sharding["sharding"] != "random"].groupby("sharding", sort=False):
+            found = [text for split, name in (("train", "training"), ("val", "validation"))
+                     if (text := _max_ratio(g, split, name))]
+            parts.append(f"{strategy}: " + ", ".join(found) if found else f"{strategy}: no ratio (too few seeds)")
         rows.append({"claim": "smarter sharding lowers run-to-run variance", "thesis": THESIS["sharding"],
                      "ours": "; ".join(parts) or "only random sharding in this suite"})
-    if not switch.empty and switch["has switch"].any():
-        parts = []
-        for workload, g in switch.groupby("workload"):
-            sw = g[g["has switch"]].iloc[0]
-            for _, other in g[~g["has switch"]].iterrows():
-                acc = _diff(sw["final val acc"], other["final val acc"])
-                speed = _ratio(other["time to target (s)"], sw["time to target (s)"])
-                parts.append(f"{sw['system']} vs {other['system']}: final val acc {acc}, "
-                             f"time to target {speed}")
+    if not switch.empty and (switch["role"] == "switch").any():
         rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": THESIS["switch"],
-                     "ours": "; ".join(parts) or "no pure sync/async runs to compare with in this suite"})
+                     "ours": "; ".join(_switch_verdicts(res, switch))})
     return pd.DataFrame(rows)
+
+
+def _switch_verdicts(res: SuiteResults, switch: pd.DataFrame) -> list[str]:
+    """Each switch variant against pure sync and pure async runs set up alike, never against
+    another switch variant; the baseline matching the switch's own phases comes first."""
+    parts = []
+    first_run = res.runs.drop_duplicates("label").set_index("label")
+    for _, g in switch.groupby(["workload", "workers", "conditions"], sort=True):
+        for _, sw in g[g["role"] == "switch"].iterrows():
+            phases = _switch_phases(first_run.loc[sw["system"]])
+            never = " (criterion never fired: sync throughout)" if str(sw["switched"]).startswith("0/") else ""
+            for kind in ("sync", "async"):
+                pure = g[g["role"] == kind]
+                if pure.empty:
+                    parts.append(f"{sw['system']}{_where(sw)} vs pure {kind}: no pure {kind} run set up alike "
+                                 "in this suite")
+                    continue
+                matching = [i for i, r in pure.iterrows() if _phase(first_run.loc[r["system"]]) == phases[kind]]
+                other = pure.loc[matching[0]] if matching else pure.iloc[0]
+                acc = _diff(sw["final val acc"], other["final val acc"])
+                speed = _ratio(other["time to target incl. costs (s)"], sw["time to target incl. costs (s)"])
+                parts.append(f"{sw['system']}{_where(sw)}{never} vs pure {kind} {other['system']}: final val acc "
+                             f"{acc}, time to target {speed}")
+    return parts
 
 
 def _where(row: pd.Series) -> str:
     return f" ({row['workload']}, {row['workers']} workers)"
 
 
-def _max_ratio(group: pd.DataFrame, split: str) -> float | None:
-    cols = [c for c in group.columns if c.startswith(split) and c.endswith("var ratio")]
-    values = group[cols].to_numpy(dtype=float).ravel() if cols else np.array([])
-    values = values[np.isfinite(values)]
-    return float(values.max()) if len(values) else None
+def _max_ratio(group: pd.DataFrame, split: str, name: str) -> str:
+    """The largest variance ratio over the split's metrics, with its interval and p-values."""
+    rows = group[group["metric"].str.startswith(name) & group["var ratio (random ÷ this)"].notna()]
+    rows = rows[np.isfinite(rows["var ratio (random ÷ this)"].astype(float))]
+    if rows.empty:
+        return ""
+    r = rows.loc[rows["var ratio (random ÷ this)"].astype(float).idxmax()]
+    return (f"up to {_fmt(r['var ratio (random ÷ this)'])}x ({r['metric']}; 95% CI {r['ratio 95% CI']}, "
+            f"Brown–Forsythe p={_fmt(r['p (Brown–Forsythe)'])}, F p={_fmt(r['p (F)'])}, {r['seeds']} seeds)")
 
 
 def _diff(a: Any, b: Any) -> str:
@@ -279,15 +475,6 @@ def _ratio(slow: Any, fast: Any) -> str:
     if _missing(slow) or _missing(fast) or fast <= 0:
         return "n/a (target not reached by both)"
     return f"{slow / fast:.2f}x faster" if slow >= fast else f"{fast / slow:.2f}x slower"
-
-
-def _mean_sd(values: pd.Series | None) -> str | None:
-    if values is None:
-        return None
-    values = values.dropna()
-    if not len(values):
-        return None
-    return f"{values.mean():.3f}" + (f" ± {values.std(ddof=1):.3f}" if len(values) > 1 else "")
 
 
 def _missing(value: Any) -> bool:
@@ -305,6 +492,10 @@ def _fmt(value: Any) -> str:
         v = float(value)
         if v == 0:
             return "0"
+        if math.isinf(v):
+            return "∞" if v > 0 else "-∞"
+        if abs(v) >= 1e6:
+            return f"{v:.3g}"
         if abs(v) >= 1000:
             return f"{v:,.0f}"
         if abs(v) >= 1:
@@ -317,7 +508,8 @@ def _compact(table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Drop columns that hold one value in every row; say those values once instead."""
     if len(table) < 2:
         return table, ""
-    constant = [c for c in ("workload", "batch/worker", "sharding", "workers") if c in table.columns
+    constant = [c for c in ("workload", "batch/worker", "sharding", "workers", "conditions", "budget")
+                if c in table.columns
                 and table[c].astype(str).nunique() == 1]
     note = ", ".join(f"{c} = {table[c].iloc[0]}" for c in constant)
     return table.drop(columns=constant), (f"All rows: {note}." if note else "")
@@ -325,11 +517,44 @@ def _compact(table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 # ---- composing -----------------------------------------------------------------------------
 
+def method_text() -> str:
+    return (f"Every figure over runs is their mean (a median where the column says so) with n (the runs column) "
+            f"and a {CONFIDENCE:.0%} percentile-bootstrap interval over the runs ({N_BOOT:,} resamples, fixed "
+            f"seed; '–' where n < 2). Read an interval with its n: over 3–5 seeds a mean's interval is too narrow, "
+            "and a variance ratio's very wide (3 seeds: a resample that repeats one seed has variance 0, so the "
+            "ratio's interval runs from 0 to ∞; 5 seeds give finite bounds). Throughput: "
+            f"{measures.WARMUP_RULE}. Speed-up: ratio of mean throughputs, both sides resampled. Time to target, "
+            "as MLPerf scores it: over the runs, drop the fastest and the slowest (a run that missed the target "
+            "counts as the slowest) and average the rest (under 3 runs: the plain mean), with the spread "
+            "(fastest–slowest run that reached it); 'incl. launch + hand-over' adds the launch (process start, a "
+            "Spark session) and a Strategy-Switch hand-over kept off the training clock. Variance ratios: "
+            "random's variance ÷ the strategy's, with a bootstrap interval and two tests of equal variances: "
+            "Brown–Forsythe (Levene's test on deviations from the median; robust) and F (exact only for "
+            f"normal data). A run with {measures.SHORT_RULE} is too short to compare.")
+
+
+def warnings_text(res: SuiteResults) -> list[str]:
+    runs = measures.annotate(res).runs
+    out = [measures.mixed_versions_warning(res)]
+    short = runs[runs["too_short"] != ""]
+    if len(short):
+        out.append(f"Warning: {len(short)} of {len(runs)} runs are too short to compare ({measures.SHORT_RULE}): "
+                   "their throughput is start-up and scheduler noise. The 'too short' columns count them; the "
+                   "Runs table names them.")
+    over = runs[runs["oversubscribed"].map(lambda v: v is True or v is np.True_)]
+    if len(over):
+        out.append(f"Warning: {len(over)} run(s) oversubscribed the cores (more real compute than cores): their "
+                   "timings measure contention, not the system.")
+    return [text for text in out if text]
+
+
 def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
+    res = measures.annotate(res)
     blocks: list[Block] = []
     systems = ", ".join(res.labels)
     blocks.append(Block("p", f"{len(res.runs)} runs of {len(res.systems)} system(s) ({systems}) on "
                              f"{', '.join(sorted(res.runs['workload'].unique()))}."))
+    blocks += [Block("p", text) for text in warnings_text(res)]
 
     def table(title: str, frame: pd.DataFrame, intro: str = "") -> None:
         if frame.empty:
@@ -342,24 +567,41 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
 
     batch, sharding, switch = batch_sweep_table(res), sharding_table(res), switch_table(res)
     thesis = thesis_table(res, batch, sharding, switch)
+    breakdown = breakdown_table(res)
+    untold = sorted(set(res.runs["label"]) - set(breakdown["system"] if len(breakdown) else []))
     table("Systems", summary_table(res),
-          "Samples/s is the throughput of all workers together over training wall time. Speed-up and "
-          "efficiency compare with the `single` system on the same workload and batch size (or the "
-          "variant's own 1-worker runs); efficiency = samples/s ÷ (N × single samples/s).")
+          "Samples/s: all workers together, after warm-up, over the span in which every worker trains (see "
+          "Method). Speed-up and efficiency compare with the `single` system on the same workload, batch size "
+          "and conditions (or the variant's own 1-worker runs); efficiency = speed-up ÷ N. Budget: what ended "
+          "the runs (a step or epoch count per worker, or a global count of updates or samples).")
+    table("Time to accuracy and costs", accuracy_table(res),
+          "Launch (process start, a Spark session) and the Strategy-Switch hand-over in their own columns, and "
+          "included in the time to target beside it.")
     table("Thesis figures beside ours", thesis,
-          "Our runs are small and on one machine; the shape of a finding is what carries over, not its size.")
+          "Our runs are small and on one machine; the shape of a finding is what carries over, not its size. "
+          "Strategy-Switch is compared with pure sync and pure async runs set up alike, never with itself.")
+    table("Per-step time breakdown", breakdown,
+          "Median milliseconds per step of each part (after warm-up; median over steps, then over runs): compute "
+          "(real), emulated (device or straggler sleep), communication, waiting on other workers (barrier, SSP "
+          "block, allGather, the slowest rank of a collective); '–' where a system cannot tell. "
+          + (f"No breakdown recorded for: {', '.join(untold)}." if untold else ""))
     table("Per-mini-batch cost vs batch size", batch,
-          "Median time between a worker's consecutive mini-batches (launch and start-up excluded) at the smallest and largest batch size of each variant.")
+          "Median time between a worker's consecutive mini-batches (launch and start-up excluded) at the smallest "
+          "and largest batch size of each variant, median over runs.")
     table("Parameter servers: ours vs peers", peers_table(res),
           "`ps` beside `ray-ps` (Ray actors as shards and workers, Ray's parameter-server example) and `rpc-ps` "
           "(torch.distributed.rpc, PyTorch's parameter-server tutorials), run alike: same workload, data shards, "
           "server-side SGD and evaluation. Samples/s is the mean over seeds; ps ÷ peer > 1 means ours is faster "
           "(goal: >= 2 at 4 workers). Time to target: mean over the seeds that reached it.")
-    table("Staleness", staleness_table(res), "Server versions between a worker's pull and the apply of its update.")
+    table("Staleness", staleness_table(res), "Server versions between a worker's pull and the apply of its update; "
+          "the mean's interval is over runs, the percentiles pool every update.")
     table("Sharding variability", sharding,
           "Mean and variance (over seeds) of the final metrics; var ratio = variance under random sharding ÷ "
-          "variance under the strategy (> 1: less variable than random).")
-    table("Strategy-Switch", switch, "Time of the sync → async switch, time to target and final accuracy.")
+          "variance under the strategy (> 1: less variable than random), with its interval and p-values of "
+          "tests of equal variances (small p: the difference is unlikely to be chance).")
+    table("Strategy-Switch", switch, "Strategy-Switch runs (role switch) and the pure sync and async runs set up "
+          "alike: time of the sync → async switch, hand-over, time to target (MLPerf, incl. launch + hand-over) "
+          "and final accuracy.")
 
     if plots:
         blocks.append(Block("h2", "Plots"))
@@ -367,6 +609,11 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
             blocks.append(Block("h3", name.replace("_", " ").capitalize()))
             blocks.append(Block("p", PLOT_CAPTIONS.get(name, "")))
             blocks.append(Block("image", name, path=next(p for p in paths if p.suffix == ".png")))
+    blocks += [Block("h2", "Method"), Block("p", method_text())]
+    table("What the bytes column holds", bytes_table(res), "Per system: measured on the wire, or computed from "
+          "the model size (how the system's adapter fills it).")
+    table("Runs", runs_table(res), "Every run: its budget, length, launch and hand-over costs, too-short flag and "
+          "code version.")
     table("Machine and versions", environment_table(res), "From the run manifests.")
     return blocks
 

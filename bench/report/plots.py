@@ -21,7 +21,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from psbench.core.atomic import atomic_write  # noqa: E402
+from psbench.core.records import STEP_TIME_COLUMNS  # noqa: E402
 from psbench.bench.harness.results import SuiteResults  # noqa: E402
+from psbench.bench.report.measures import annotate, time_breakdown as run_breakdowns  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "psbench", "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
                      "axes.spines.top": False, "axes.spines.right": False, "legend.fontsize": 8})
@@ -80,6 +82,7 @@ DIM_FORMAT: dict[str, Callable[[object], str]] = {
     "batch_size": lambda v: f"b={v}",
     "sharding": str,
     "workload": str,
+    "conditions": str,
 }
 
 
@@ -165,7 +168,13 @@ def one_sharding(runs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def first_seed(runs: pd.DataFrame) -> pd.DataFrame:
     return runs.sort_values("seed").groupby(
-        ["label", "workload", "workers", "batch_size", "sharding"], sort=False).head(1)
+        ["label", "workload", "workers", "batch_size", "sharding", "conditions"], sort=False).head(1)
+
+
+def throughput_column(runs: pd.DataFrame) -> str:
+    """Throughput after warm-up (measures.WARMUP_RULE) where the step rows give it, else whole-run."""
+    steady = "steady_samples_per_s"
+    return steady if steady in runs.columns and runs[steady].notna().any() else "samples_per_s"
 
 
 def _val_curves(res: SuiteResults, run_ids) -> pd.DataFrame:
@@ -192,13 +201,14 @@ def facet_figure(res: SuiteResults, out_dir: Path, name: str, title: str, panels
 # ---- the plots ---------------------------------------------------------------------------
 
 def throughput_vs_workers(res: SuiteResults, out_dir: Path) -> list[Path]:
-    runs, note = one_sharding(res.runs.dropna(subset=["samples_per_s"]))
+    value = throughput_column(res.runs)
+    runs, note = one_sharding(res.runs.dropna(subset=[value]))
     if runs.empty or runs["workers"].nunique() < 2:
         return []
 
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
-        for name, label, rows, k in series(runs[runs["workload"] == workload], ["batch_size", "sharding"]):
-            agg = rows.groupby("workers")["samples_per_s"].agg(["mean", "std"]).reset_index()
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["batch_size", "sharding", "conditions"]):
+            agg = rows.groupby("workers")[value].agg(["mean", "std"]).reset_index()
             ax.errorbar(agg["workers"], agg["mean"], yerr=agg["std"].fillna(0), capsize=3, label=name, **style(label, k))
         log2_x(ax, runs["workers"].unique())
         ax.set(title=workload, xlabel="workers (processes)", ylabel="throughput (samples/s)")
@@ -238,7 +248,7 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
         return []
 
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
-        for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding"]):
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding", "conditions"]):
             agg = rows.groupby("batch_size")["median_step_s"].median().reset_index()
             if len(agg) < 2:
                 continue
@@ -265,7 +275,7 @@ def time_to_accuracy(res: SuiteResults, out_dir: Path) -> list[Path]:
 
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         rows_w = runs[runs["workload"] == workload]
-        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
+        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding", "conditions"]):
             run_id = rows["run_id"].iloc[0]
             curve = val[val["run_id"] == run_id]
             ax.plot(curve["t_wall"], curve["accuracy"], label=name, markevery=max(1, len(curve) // 8),
@@ -285,21 +295,29 @@ def _target_line(ax: plt.Axes, runs: pd.DataFrame) -> None:
                    label=f"target {target.iloc[0]:.2f}")
 
 
-def scaling_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Mean samples/s per (workload, label, batch, sharding, workers) with speed-up and scaling
-    efficiency against the `single` system on the same workload and batch size, or else the
-    variant's own 1-worker runs. Efficiency = samples/s at N / (N * single samples/s)."""
-    runs = runs.dropna(subset=["samples_per_s"])
-    keys = ["workload", "label", "system", "batch_size", "sharding", "workers"]
-    agg = runs.groupby(keys, dropna=False)["samples_per_s"].mean().reset_index()
-    single = agg[agg["system"] == "single"].groupby(["workload", "batch_size"])["samples_per_s"].mean()
-    own = agg[agg["workers"] == 1].groupby(["workload", "label", "batch_size", "sharding"])["samples_per_s"].mean()
+def baseline_runs(runs: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The runs a configuration's speed-up is measured against: the `single` system on the same
+    workload, batch size and conditions, or else the variant's own 1-worker runs."""
+    alike = (runs["workload"] == row["workload"]) & (runs["batch_size"] == row["batch_size"]) & \
+        (runs["conditions"] == row["conditions"])
+    single = runs[alike & (runs["system"] == "single")]
+    if len(single):
+        return single
+    return runs[alike & (runs["label"] == row["label"]) & (runs["sharding"] == row["sharding"]) & (runs["workers"] == 1)]
+
+
+def scaling_table(runs: pd.DataFrame, value: str | None = None) -> pd.DataFrame:
+    """Mean throughput (`value`, by default throughput_column) per (workload, label, batch,
+    sharding, conditions, workers) with speed-up and scaling efficiency against baseline_runs.
+    Efficiency = samples/s at N / (N * single samples/s)."""
+    value = value or throughput_column(runs)
+    runs = runs.dropna(subset=[value])
+    keys = ["workload", "label", "system", "batch_size", "sharding", "conditions", "workers"]
+    agg = runs.groupby(keys, dropna=False)[value].mean().rename("samples_per_s").reset_index()
 
     def base(row: pd.Series) -> float:
-        if (row["workload"], row["batch_size"]) in single.index:
-            return float(single.loc[(row["workload"], row["batch_size"])])
-        key = (row["workload"], row["label"], row["batch_size"], row["sharding"])
-        return float(own.loc[key]) if key in own.index else np.nan
+        rows = baseline_runs(runs, row)
+        return float(rows[value].mean()) if len(rows) else np.nan
 
     agg["baseline_samples_per_s"] = agg.apply(base, axis=1) if len(agg) else []
     agg["speedup"] = agg["samples_per_s"] / agg["baseline_samples_per_s"]
@@ -315,7 +333,7 @@ def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
         return []
 
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
-        for name, label, rows, k in series(table[table["workload"] == workload], ["batch_size", "sharding"]):
+        for name, label, rows, k in series(table[table["workload"] == workload], ["batch_size", "sharding", "conditions"]):
             rows = rows.sort_values("workers")
             ax.plot(rows["workers"], rows["efficiency"], label=name, **style(label, k))
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle=(0, (4, 4)), label="ideal (linear)")
@@ -334,7 +352,7 @@ def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
     if steps.empty:
         return []
     steps = steps.drop(columns=["system", "workload"]).merge(
-        res.runs[["run_id", "label", "workers", "workload", "batch_size", "sharding"]], on="run_id")
+        res.runs[["run_id", "label", "workers", "workload", "batch_size", "sharding", "conditions"]], on="run_id")
 
     def draw(ax: plt.Axes, group: tuple, style: Styles) -> None:
         name, label, rows, _ = group
@@ -348,7 +366,7 @@ def staleness_hist(res: SuiteResults, out_dir: Path) -> list[Path]:
                xlabel="staleness (server versions behind)", ylabel="fraction of updates")
 
     return facet_figure(res, out_dir, "staleness_hist", "Staleness of applied updates (pooled over workers and seeds)",
-                        list(series(steps, ["workload", "workers"])), draw, width=4.8, height=3.6)
+                        list(series(steps, ["workload", "workers", "conditions"])), draw, width=4.8, height=3.6)
 
 
 def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
@@ -362,7 +380,7 @@ def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         rows_w = first_seed(res.runs.merge(setups[setups["workload"] == workload], on=alike))
         val = _val_curves(res, rows_w["run_id"])
-        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding"]):
+        for name, label, rows, k in series(rows_w, ["workers", "batch_size", "sharding", "conditions"]):
             run_id = rows["run_id"].iloc[0]
             curve = val[val["run_id"] == run_id]
             st = style(label, k)
@@ -398,7 +416,7 @@ SHARDING_METRICS = [("final_train_loss", "final training loss"), ("final_val_los
                     ("final_val_accuracy", "final validation accuracy")]
 
 
-SHARDING_GROUP = ["workload", "label", "workers", "batch_size"]
+SHARDING_GROUP = ["workload", "label", "workers", "batch_size", "conditions"]
 
 
 def sharding_runs(runs: pd.DataFrame) -> pd.DataFrame:
@@ -417,7 +435,7 @@ def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
     if runs.empty or not metrics:
         return []
     strategies = _strategy_order(runs["sharding"].unique())
-    groups = list(series(runs, ["workload", "workers", "batch_size"]))
+    groups = list(series(runs, ["workload", "workers", "batch_size", "conditions"]))
     width = 0.8 / len(groups)
 
     def draw(ax: plt.Axes, panel: tuple[str, str], style: Styles) -> None:
@@ -470,6 +488,59 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
                         panels, draw, width=5.0, height=3.6)
 
 
+BREAKDOWN_PARTS = {"compute_s": ("compute (real)", "#4c72b0"), "emulated_s": ("emulated device / straggler", "#a6cee3"),
+                   "comm_s": ("communication", "#dd8452"), "wait_s": ("waiting on others", "#c44e52")}
+
+
+def breakdown_groups(res: SuiteResults) -> pd.DataFrame:
+    """Runs with a per-step time breakdown (measures.time_breakdown) and the keys to group them by."""
+    per_run = run_breakdowns(res)
+    per_run = per_run[per_run[STEP_TIME_COLUMNS].notna().any(axis=1)]
+    keys = ["run_id", "workload", "label", "system", "workers", "batch_size", "sharding", "conditions"]
+    return res.runs[keys].merge(per_run, on="run_id")
+
+
+def time_breakdown(res: SuiteResults, out_dir: Path) -> list[Path]:
+    """Stacked bars: the median seconds per step of each part, per system and worker count, after
+    warm-up (median over steps of each run, then over its seeds); ◆ marks the median step time."""
+    runs = breakdown_groups(res)
+    if runs.empty:
+        return []
+    panels = sorted(runs[["workload", "conditions"]].drop_duplicates().itertuples(index=False, name=None))
+    parts = {p: v for p, v in BREAKDOWN_PARTS.items() if runs[p].notna().any()}  # parts some system tells
+
+    def draw(ax: plt.Axes, panel: tuple[str, str], style: Styles) -> None:
+        rows_p = runs[(runs["workload"] == panel[0]) & (runs["conditions"] == panel[1])]
+        names, medians = [], []
+        for name, label, rows, _ in series(rows_p, ["batch_size", "sharding"]):
+            for workers, rows_w in rows.groupby("workers"):
+                names.append((f"{name}\n{workers} w", label))
+                medians.append(rows_w[STEP_TIME_COLUMNS + ["step_s"]].apply(lambda c: c.dropna().median()
+                                                                            if c.notna().any() else np.nan))
+        x = np.arange(len(names))
+        bottom = np.zeros(len(names))
+        for part, (text, colour) in parts.items():
+            heights = np.array([m[part] for m in medians], dtype=float) * 1000
+            heights = np.nan_to_num(heights)  # a part the system cannot tell draws as 0 (see the table)
+            ax.bar(x, heights, bottom=bottom, color=colour, width=0.7, label=text, edgecolor="white", linewidth=0.5)
+            bottom += heights
+        ax.plot(x, [m["step_s"] * 1000 for m in medians], linestyle="none", marker="D", color="black",
+                markersize=5, label="median step time")
+        ax.set_xticks(x, [n for n, _ in names], rotation=30, ha="right", fontsize=8)
+        top = np.nanmax([bottom.max(), *(m["step_s"] * 1000 for m in medians)])
+        ax.set_ylim(0, top * 1.45)  # headroom: the legend sits above the bars
+        for tick, (_, label) in zip(ax.get_xticklabels(), names):
+            tick.set_color(style(label)["color"])
+        title = panel[0] if panel[1] == "native" else f"{panel[0]} ({panel[1]})"
+        ax.set(title=title, ylabel="time per step (ms, median)")
+        legend(ax)
+
+    bars = runs.drop_duplicates(["workload", "conditions", "label", "batch_size", "sharding", "workers"])
+    width = max(5.0, 2.0 + 0.6 * bars.groupby(["workload", "conditions"]).size().max())
+    return facet_figure(res, out_dir, "time_breakdown", "Per-step time breakdown (median per step, after warm-up)",
+                        panels, draw, width=width, height=4.6)
+
+
 def _strategy_order(strategies) -> list[str]:
     order = {"random": 0, "stratified": 1}
     return sorted(strategies, key=lambda s: (order.get(s, 2), s))
@@ -485,12 +556,14 @@ PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {
     "strategy_switch": strategy_switch,
     "sharding_variance": sharding_variance,
     "shard_class_counts": shard_class_counts,
+    "time_breakdown": time_breakdown,
 }
 
 
 def draw_all(res: SuiteResults, out_dir: Path | None = None) -> dict[str, list[Path]]:
     """Draw every plot the suite has data for; returns name -> files written."""
     out_dir = Path(out_dir) if out_dir else res.path / "plots"
+    res = annotate(res)  # throughput after warm-up, for the throughput and scaling plots
     drawn = {}
     for name, plot in PLOTS.items():
         paths = plot(res, out_dir)

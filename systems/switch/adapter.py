@@ -168,7 +168,7 @@ class SwitchSystem:
                               init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
                               init_buffers=phase1.buffers, before_go=before_go, start_t_wall=phase1.t_end)
         recorder.stop_clock()
-        info.update(handover_exact=handover.get("exact"), handover_s=handover.get("s"),
+        info.update(handover_exact=handover.get("exact"), handover_s=handover.get("s"), handover_on_clock=True,
                     phase2_steps={str(w): n - phase1.steps for w, n in result.steps.items()})
         self._record_switch(recorder, phase1, options.criterion)
 

@@ -1,0 +1,180 @@
+"""Per-run figures a report derives from the records, each under a rule it states: throughput
+after a warm-up, the too-short flag, the per-step time breakdown, time to target with launch and
+hand-over costs, what a run's `bytes` column is, and which code versions a suite mixes."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from psbench.bench.harness.results import SuiteResults
+from psbench.core.records import STEP_TIME_COLUMNS
+
+# Warm-up kept out of throughput: each worker's first steps pay lazy allocation, thread-pool
+# start-up, first-touch page faults and (async) an empty pipeline.
+WARMUP_FRACTION = 0.10
+WARMUP_MIN_STEPS = 1
+WARMUP_RULE = (f"each worker's first {WARMUP_FRACTION:.0%} of its steps (at least {WARMUP_MIN_STEPS}) are warm-up "
+               "and kept out; throughput is the samples of the steps that end between the last worker's warm-up "
+               "end and the first worker's last step (the span in which every worker trains), over that span")
+
+# A run below either minimum is too short to compare: its throughput is start-up and scheduler noise.
+MIN_STEPS_PER_WORKER = 200
+MIN_TRAIN_S = 5.0
+SHORT_RULE = f"fewer than {MIN_STEPS_PER_WORKER} steps per worker or under {MIN_TRAIN_S:g} s of training"
+
+# What each system's `bytes` column holds (how its adapter fills it); a manifest's extra.bytes_source
+# overrides this.
+BYTES_SOURCE = {
+    "single": "none (no communication)",
+    "ps": "measured (wire payload, headers included)",
+    "spark-barrier": "measured (allGather message lengths)",
+    "ddp": "computed (ring allreduce of the model size)",
+    "horovod": "computed (ring allreduce of the model size)",
+    "spark-torch": "computed (ring allreduce of the model size)",
+    "spark-mllib": "computed (model size: broadcast + treeAggregate)",
+    "switch": "computed in the sync phase, measured in the async phase",
+    "ray-ps": "computed (gradients out, parameters back: twice the model size)",
+    "rpc-ps": "computed (gradients out, parameters back: twice the model size)",
+}
+
+
+def warmup_mask(steps: pd.DataFrame) -> pd.Series:
+    """True for the rows of one run that lie after their worker's warm-up."""
+    order = steps.sort_values(["worker", "step"])
+    rank = order.groupby("worker").cumcount()
+    count = order.groupby("worker")["step"].transform("size")
+    cut = np.maximum(WARMUP_MIN_STEPS, np.ceil(WARMUP_FRACTION * count))
+    return (rank >= cut).reindex(steps.index)
+
+
+def steady_window(steps: pd.DataFrame) -> tuple[float, float, int] | None:
+    """(start, end, samples) of one run after warm-up, within the span where every worker trains."""
+    if steps.empty:
+        return None
+    kept = warmup_mask(steps)
+    by_worker = steps.groupby("worker")
+    if not kept.groupby(steps["worker"]).any().all():
+        return None  # a worker did no step after its warm-up
+    warm_end = steps[~kept].groupby("worker")["t_wall"].max()
+    start = float(warm_end.max())
+    end = float(by_worker["t_wall"].max().min())
+    if not end > start:
+        return None
+    inside = steps[(steps["t_wall"] > start) & (steps["t_wall"] <= end)]
+    return start, end, int(inside["n_samples"].sum())
+
+
+def too_short(steps_per_worker: float, train_s: float) -> str:
+    """Why a run is too short to compare ('' when it is long enough)."""
+    reasons = []
+    if not steps_per_worker >= MIN_STEPS_PER_WORKER:
+        reasons.append(f"{steps_per_worker:.0f} steps/worker < {MIN_STEPS_PER_WORKER}")
+    if not train_s >= MIN_TRAIN_S:
+        reasons.append(f"{train_s:.2g} s < {MIN_TRAIN_S:g} s")
+    return "; ".join(reasons)
+
+
+def annotate(res: SuiteResults) -> SuiteResults:
+    """The suite with per-run columns added: steady_samples_per_s, steps_per_worker, too_short,
+    switch_t_wall, tta_with_costs_s. Idempotent."""
+    if "steady_samples_per_s" in res.runs.columns:
+        return res
+    runs = res.runs.copy()
+    for col in ("train_s", "time_to_target_s", "setup_s", "handover_s", "final_val_accuracy", "final_train_loss"):
+        if col not in runs.columns:  # a summary field older results lack
+            runs[col] = math.nan
+    by_run = dict(tuple(res.steps.groupby("run_id"))) if len(res.steps) else {}
+    steady, per_worker = {}, {}
+    for run_id, rows in by_run.items():
+        window = steady_window(rows)
+        steady[run_id] = window[2] / (window[1] - window[0]) if window else math.nan
+        per_worker[run_id] = len(rows) / max(1, rows["worker"].nunique())
+    runs["steady_samples_per_s"] = runs["run_id"].map(steady).astype(float)
+    runs["steps_per_worker"] = runs["run_id"].map(per_worker).fillna(0.0).astype(float)
+    train_s = pd.to_numeric(runs["train_s"], errors="coerce").fillna(0.0)
+    runs["too_short"] = [too_short(s, t) for s, t in zip(runs["steps_per_worker"], train_s)]
+    switches = res.events[res.events["kind"] == "switch"]
+    runs["switch_t_wall"] = runs["run_id"].map(switches.groupby("run_id")["t_wall"].min()).astype(float)
+    runs["tta_with_costs_s"] = runs.apply(_tta_with_costs, axis=1) if len(runs) else []
+    return dataclasses.replace(res, runs=runs)
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _tta_with_costs(run: pd.Series) -> float:
+    """Time to target on the training clock plus launch (setup_s) plus, for a Strategy-Switch run
+    whose hand-over lay off the clock and came before the target, the hand-over."""
+    tta = _num(run.get("time_to_target_s"))
+    if math.isnan(tta):
+        return math.nan
+    total = tta + _num(run.get("setup_s"))  # unknown launch cost: unknown total (nan)
+    handover, switched = _num(run.get("handover_s")), _num(run.get("switch_t_wall"))
+    if not run.get("handover_on_clock", False) and not math.isnan(handover) and switched <= tta:
+        total += handover
+    return total
+
+
+def time_breakdown(res: SuiteResults) -> pd.DataFrame:
+    """One row per run: the median seconds per step of each part (compute, emulated, comm, wait),
+    the median step interval, and the slowest worker's median step ÷ the median worker's, all after
+    warm-up. Parts a system cannot tell stay nan."""
+    rows = []
+    for run_id, steps in res.steps.groupby("run_id"):
+        kept = warmup_mask(steps)
+        ordered = steps.sort_values(["worker", "step"])
+        interval = ordered.groupby("worker")["t_wall"].diff().reindex(steps.index)
+        after = steps[kept]
+        row: dict[str, Any] = {"run_id": run_id}
+        for col in STEP_TIME_COLUMNS:
+            values = after[col].dropna()
+            row[col] = float(values.median()) if len(values) else math.nan
+        gaps = interval[kept].dropna()
+        row["step_s"] = float(gaps.median()) if len(gaps) else math.nan
+        per_worker = gaps.groupby(steps.loc[gaps.index, "worker"]).median()
+        row["slowest_ratio"] = float(per_worker.max() / per_worker.median()) if len(per_worker) and \
+            per_worker.median() > 0 else math.nan
+        nbytes = after["bytes"].dropna()
+        row["bytes_per_step"] = float(nbytes.median()) if len(nbytes) else math.nan
+        rows.append(row)
+    columns = ["run_id", *STEP_TIME_COLUMNS, "step_s", "slowest_ratio", "bytes_per_step"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def bytes_source(system: str, manifest: dict[str, Any] | None = None) -> str:
+    extra = (manifest or {}).get("extra") or {}
+    return str(extra.get("bytes_source") or BYTES_SOURCE.get(system, "unknown"))
+
+
+def code_versions(res: SuiteResults) -> pd.DataFrame:
+    """git sha (short) x dirty -> runs."""
+    rows = [{"git sha": (m.get("git_sha") or "unknown")[:10], "uncommitted changes": m.get("git_dirty")}
+            for m in res.manifests.values()]
+    frame = pd.DataFrame(rows, columns=["git sha", "uncommitted changes"])
+    frame["uncommitted changes"] = frame["uncommitted changes"].map({True: "yes", False: "no"}).fillna("unknown")
+    return frame.groupby(["git sha", "uncommitted changes"]).size().rename("runs").reset_index()
+
+
+def mixed_versions_warning(res: SuiteResults) -> str:
+    """A warning when the runs do not come from one known, clean code version ('' when they do)."""
+    versions = code_versions(res)
+    shas = sorted(versions["git sha"].unique())
+    parts = []
+    if len(shas) > 1:
+        listed = ", ".join(f"{sha} ({int(versions.loc[versions['git sha'] == sha, 'runs'].sum())} runs)"
+                           for sha in shas)
+        parts.append(f"the runs come from {len(shas)} code versions ({listed}): a difference between them may "
+                     "come from the code, not the systems")
+    dirty = int(versions.loc[versions["uncommitted changes"] == "yes", "runs"].sum())
+    if dirty:
+        parts.append(f"{dirty} run(s) were made from a working tree with uncommitted changes, so their code is "
+                     "not known exactly")
+    return ("Warning: " + "; ".join(parts) + ". Rerun them from one clean commit to compare.") if parts else ""

@@ -1,0 +1,151 @@
+"""Statistics behind every figure of a report: bootstrap intervals over seeds, variance-ratio tests,
+MLPerf-style time to accuracy. Pure functions of arrays of per-run values (one value per seed).
+
+Intervals are percentile bootstraps with a fixed RNG seed, so a report rebuilt from the same
+records prints the same intervals. With the 3-5 seeds a suite affords, a bootstrap interval is
+narrow (a resample can only repeat the seeds there are): read it with its n.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
+N_BOOT = 10_000
+BOOT_SEED = 20250  # fixed: the same records give the same intervals
+
+Statistic = Callable[[np.ndarray], np.ndarray]  # (resamples, n) -> (resamples,)
+
+
+def _clean(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    arr = np.asarray(values, dtype=float).ravel()
+    return arr[np.isfinite(arr)]
+
+
+def _quantiles(samples: np.ndarray, confidence: float) -> tuple[float, float]:
+    # inverted_cdf: no interpolation, so resamples that are infinite (a zero variance in a
+    # denominator) give an infinite bound rather than inf - inf = nan.
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(samples, [alpha, 1 - alpha], method="inverted_cdf")
+    return float(lo), float(hi)
+
+
+def _resample(values: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    return values[rng.integers(0, len(values), size=(n_boot, len(values)))]
+
+
+STATISTICS: dict[str, Statistic] = {
+    "mean": lambda x: x.mean(axis=-1),
+    "median": lambda x: np.median(x, axis=-1),
+}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An estimate over n runs with its 95% bootstrap interval (nan bounds when n < 2)."""
+    n: int
+    estimate: float
+    lo: float
+    hi: float
+
+    def contains(self, value: float) -> bool:
+        return self.lo <= value <= self.hi
+
+
+def bootstrap_ci(values: Sequence[float] | np.ndarray, statistic: str = "mean", confidence: float = CONFIDENCE,
+                 n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> Interval:
+    """The statistic of the finite values and its percentile-bootstrap interval over them."""
+    x = _clean(values)
+    f = STATISTICS[statistic]
+    if len(x) == 0:
+        return Interval(0, math.nan, math.nan, math.nan)
+    estimate = float(f(x))
+    if len(x) < 2:
+        return Interval(1, estimate, math.nan, math.nan)
+    lo, hi = _quantiles(f(_resample(x, np.random.default_rng(seed), n_boot)), confidence)
+    return Interval(len(x), estimate, lo, hi)
+
+
+def ratio_ci(numerator: Sequence[float] | np.ndarray, denominator: Sequence[float] | np.ndarray,
+             confidence: float = CONFIDENCE, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> Interval:
+    """mean(numerator) / mean(denominator), both groups resampled independently (e.g. a speed-up:
+    N-worker runs over single-process runs). n is the smaller group's size."""
+    a, b = _clean(numerator), _clean(denominator)
+    if len(a) == 0 or len(b) == 0 or b.mean() == 0:
+        return Interval(min(len(a), len(b)), math.nan, math.nan, math.nan)
+    estimate = float(a.mean() / b.mean())
+    if max(len(a), len(b)) < 2:
+        return Interval(1, estimate, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = _resample(a, rng, n_boot).mean(axis=1) / _resample(b, rng, n_boot).mean(axis=1)
+    lo, hi = _quantiles(ratios[~np.isnan(ratios)], confidence)
+    return Interval(min(len(a), len(b)), estimate, lo, hi)
+
+
+@dataclass(frozen=True)
+class VarianceRatio:
+    """var(base) / var(other) (sample variances, ddof=1): > 1 means `other` varies less than `base`.
+    p-values test equal variances: Brown–Forsythe (Levene's test centred on the median, robust to
+    non-normal data) and the two-sided F test (exact for normal data, fragile otherwise)."""
+    n_base: int
+    n_other: int
+    ratio: float
+    lo: float
+    hi: float
+    p_brown_forsythe: float
+    p_f: float
+
+
+def variance_ratio(base: Sequence[float] | np.ndarray, other: Sequence[float] | np.ndarray,
+                   confidence: float = CONFIDENCE, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> VarianceRatio:
+    a, b = _clean(base), _clean(other)
+    nan = math.nan
+    if len(a) < 2 or len(b) < 2:
+        return VarianceRatio(len(a), len(b), nan, nan, nan, nan, nan)
+    va, vb = a.var(ddof=1), b.var(ddof=1)
+    ratio = va / vb if vb > 0 else (math.inf if va > 0 else nan)
+    rng = np.random.default_rng(seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = _resample(a, rng, n_boot).var(axis=1, ddof=1) / _resample(b, rng, n_boot).var(axis=1, ddof=1)
+    boot = boot[~np.isnan(boot)]  # 0/0: both resamples repeat one value, no ratio
+    lo, hi = _quantiles(boot, confidence) if len(boot) else (nan, nan)
+    with warnings.catch_warnings():  # constant groups: scipy warns and returns nan, which we keep
+        warnings.simplefilter("ignore")
+        p_bf = float(sps.levene(a, b, center="median").pvalue)
+    if vb > 0 and va > 0:
+        f_dist = sps.f(len(a) - 1, len(b) - 1)
+        p_f = float(min(1.0, 2 * min(f_dist.cdf(ratio), f_dist.sf(ratio))))
+    else:
+        p_f = nan
+    return VarianceRatio(len(a), len(b), float(ratio), lo, hi, p_bf, p_f)
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    """Time to a target accuracy as MLPerf scores it: over n runs, drop the fastest and the slowest
+    and average the rest (a run that never reached the target counts as the slowest). `value` is
+    None when the runs kept include one that never reached it. `fastest`/`slowest`: the spread over
+    the runs that reached it."""
+    n: int
+    reached: int
+    kept: int
+    value: float | None
+    fastest: float | None
+    slowest: float | None
+
+
+def mlperf_time_to_target(times: Sequence[float | None]) -> TimeToTarget:
+    """`times`: one per run, None or nan for a run that did not reach the target. With fewer than 3
+    runs nothing can be dropped: the plain mean (of all runs, each must have reached the target)."""
+    arr = np.array([math.inf if t is None or not math.isfinite(float(t)) else float(t) for t in times])
+    reached = arr[np.isfinite(arr)]
+    kept = np.sort(arr)[1:-1] if len(arr) >= 3 else arr
+    value = float(kept.mean()) if len(kept) and np.isfinite(kept).all() else None
+    spread = (float(reached.min()), float(reached.max())) if len(reached) else (None, None)
+    return TimeToTarget(len(arr), len(reached), len(kept), value, *spread)
