@@ -161,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.compose_job", description=__doc__.splitlines()[0])
     p.add_argument("--servers", required=True, help="host:port of the server shards, in shard order")
     add_spec_arguments(p)
+    p.set_defaults(spec_json=None)  # the workers' hidden --spec-json: the job is given by the flags above
     p.add_argument("--consistency", default="asp", help="the servers' consistency: bsp | asp | ssp:S")
     p.add_argument("--scratch", required=True, help="the folder the workers write their --out files to")
     p.add_argument("--results-dir", default="results", help="results root (default ./results)")
