@@ -29,24 +29,35 @@ POLL_S = 1.0
 
 @dataclass
 class JobState:
-    """What shard 0's stats say about the job's workers at one poll."""
+    """What the job's workers are doing, from shard 0's stats at one poll."""
     finished: set[int]
     lost: set[int]
     never_seen: set[int]
     last_error: str = ""
-    applied: int = 0
 
     def settled(self, n_workers: int) -> bool:
         return len(self.finished | self.lost) == n_workers
 
 
-def job_state(stats: dict, n_workers: int, lost_after_s: float) -> JobState:
-    finished = {int(w) for w in stats.get("finished", [])}
-    waiting = {int(w) for w in stats.get("waiting", [])}
-    idle = {int(w): float(s) for w, s in stats.get("idle_s", {}).items()}
-    lost = {w for w, s in idle.items() if w not in finished and w not in waiting and s > lost_after_s}
-    return JobState(finished, lost, set(range(n_workers)) - set(idle) - finished, stats.get("last_error", ""),
-                    int(stats.get("applied", 0)))
+@dataclass
+class Tracker:
+    """Turns successive stats into a JobState. A worker is quiet from its last message, or from
+    the last poll at which it was still waiting on the server (a bsp step, an ssp bound): waiting
+    is not silence. Quiet for more than lost_after_s and not finished: lost."""
+    n_workers: int
+    lost_after_s: float
+    quiet_since: dict[int, float] = field(default_factory=dict)
+
+    def update(self, stats: dict, now: float) -> JobState:
+        finished = {int(w) for w in stats.get("finished", [])}
+        waiting = {int(w) for w in stats.get("waiting", [])}
+        for w, idle in stats.get("idle_s", {}).items():
+            w = int(w)
+            since = now if w in waiting else now - float(idle)
+            self.quiet_since[w] = max(self.quiet_since.get(w, since), since)
+        lost = {w for w, t in self.quiet_since.items() if w not in finished and now - t > self.lost_after_s}
+        never_seen = set(range(self.n_workers)) - set(self.quiet_since) - finished
+        return JobState(finished, lost, never_seen, stats.get("last_error", ""))
 
 
 @dataclass
@@ -58,16 +69,16 @@ class Watch:
     lost_after_s: float = 30.0
     startup_timeout_s: float = 600.0
     timeout_s: float = 3600.0
-    log: list[str] = field(default_factory=list)
 
     def until_settled(self) -> JobState:
         """Poll until every worker finished or is lost; a bsp loss, no progress or a timeout raises."""
         from systems.ps.worker import ADMIN, KVWorker
 
         start = time.monotonic()
+        tracker = Tracker(self.n_workers, self.lost_after_s)
         with KVWorker(self.servers[:1], ADMIN, [], self.token, self.startup_timeout_s) as kv:
             while True:
-                state = job_state(kv.stats()[0], self.n_workers, self.lost_after_s)
+                state = tracker.update(kv.stats()[0], time.monotonic())
                 waited = time.monotonic() - start
                 if state.lost and self.consistency == "bsp":
                     raise RuntimeError(self._why(state, "under bsp a lost worker stops the job"))

@@ -9,6 +9,9 @@ set -euo pipefail
 py=${1:-python3}
 cd "$(dirname "$0")/.."
 out=docker/wheelhouse
+# The image's Python is 3.11 (Debian bookworm's, or python:3.11-slim): wheels must be cp311.
+"$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+  || { echo "psbench: error: the wheelhouse needs Python 3.11 (the image's); $py is $("$py" -V 2>&1)" >&2; exit 2; }
 stamp=$out/.stamp
 want=$(sha1sum pyproject.toml | cut -c1-40)
 if [ "${FORCE:-0}" != 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
