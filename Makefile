@@ -63,6 +63,7 @@ docker-image: setup
 	bash docker/base-image.sh $(DOCKER_BASE)
 	bash docker/wheelhouse.sh $(BIN)/python
 	docker build -q --network none --build-arg BASE=$(DOCKER_BASE) -f docker/Dockerfile -t $(DOCKER_IMAGE) .
+	docker image prune -f --filter label=psbench.image=1 >/dev/null
 
 # Builds the image and runs the compose PS job (clean, a worker killed under asp and under bsp) and
 # the Spark profile for real; needs root (dockerd) and docker/ci-setup.sh's packages.

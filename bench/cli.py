@@ -23,6 +23,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "regress": ("bench.regress", "CI regression check of throughput ratios against bench/baselines/regress.json"),
     "ps-server": ("systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
     "ps-worker": ("systems.ps.worker", "run one parameter-server worker against running shards"),
+    "ps-job": ("bench.compose_job", "finish a PS job run elsewhere (docker compose): wait for the workers' bye, "
+                                    "fetch, shut the servers down, write one run folder"),
 }
 
 

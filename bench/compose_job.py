@@ -1,4 +1,4 @@
-"""`python -m bench.compose_job`: the finisher of a PS job whose server and workers run elsewhere
+"""`psbench ps-job`: the finisher of a PS job whose server and workers run elsewhere
 (docker compose: a ps-server container and N identical worker containers; see docker/README.md).
 
 It watches the job through shard 0's `stats` (which workers said bye, which are waiting on the
@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.spec import RunSpec
-from workloads.errors import ConfigError
 
 POLL_S = 1.0
 
@@ -166,10 +164,9 @@ def run_job(args: argparse.Namespace) -> Path:
     return result.out_dir
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     from systems.ps.worker import add_spec_arguments
 
-    p = argparse.ArgumentParser(prog="python -m bench.compose_job", description=__doc__.splitlines()[0])
     p.add_argument("--servers", required=True, help="host:port of the server shards, in shard order")
     add_spec_arguments(p)
     p.set_defaults(spec_json=None)  # the workers' hidden --spec-json: the job is given by the flags above
@@ -183,27 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout-s", type=float, default=600.0,
                    help="how long every worker has to reach the server (default 600)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="the whole job's limit (default 3600)")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        run_dir = run_job(args)
-    except ConfigError as exc:
-        print(f"psbench: error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:
-        if os.environ.get("PSBENCH_DEBUG"):
-            raise
-        print(f"psbench: run failed: {exc}", file=sys.stderr)
-        return 1
-    print(f"psbench: compose job done: {run_dir}")
+def main(args: argparse.Namespace) -> int:
+    """Run by `psbench ps-job`: a ConfigError is exit 2, a failed job (RuntimeError) exit 1, one line each."""
+    print(f"psbench: compose job done: {run_job(args)}")
     return 0
-
-
-if __name__ == "__main__":
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.exit(main())

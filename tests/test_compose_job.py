@@ -105,7 +105,7 @@ def test_compose_job_on_loopback(tmp_path):
     py = [sys.executable, "-m"]
     server = subprocess.Popen(py + ["bench", "ps-server", "--bind", f"127.0.0.1:{port}", "--workers", "2",
                                     "--workload", "mlp-digits", "--consistency", "asp"], env=env)
-    finisher = subprocess.Popen(py + ["bench.compose_job", "--servers", f"127.0.0.1:{port}", *job,
+    finisher = subprocess.Popen(py + ["bench", "ps-job", "--servers", f"127.0.0.1:{port}", *job,
                                       "--consistency", "asp", "--scratch", str(scratch), "--results-dir", str(results),
                                       "--suite", "compose"], env=env, stdout=subprocess.PIPE, text=True)
     workers = [subprocess.Popen(py + ["bench", "ps-worker", "--servers", f"127.0.0.1:{port}", "--worker-id", "auto",
@@ -132,3 +132,29 @@ def test_compose_job_on_loopback(tmp_path):
     assert manifest["extra"]["ps"]["shards"][0]["applied"] == 60
     assert (run / "shards.json").is_file() and len(pd.read_csv(run / "evals.csv")) == 4
     assert list(scratch.iterdir()) == []  # the workers' files and the fetched parameters are cleaned up
+
+
+def test_ps_job_failure_is_one_line(tmp_path):
+    """No worker ever reaches the server: exit 1 and one line naming them (no traceback)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PSBENCH_PS_TOKEN": "t"}
+    server = subprocess.Popen([sys.executable, "-m", "bench", "ps-server", "--bind", f"127.0.0.1:{port}",
+                               "--workers", "2", "--workload", "mlp-digits"], env=env)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "bench", "ps-job", "--servers", f"127.0.0.1:{port}",
+                               "--workers", "2", "--workload", "mlp-digits", "--scratch", str(tmp_path / "s"),
+                               "--results-dir", str(tmp_path / "r"), "--startup-timeout-s", "3"],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert server.wait(timeout=30) == 0  # told to shut down even though the job failed
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "psbench: run failed: worker(s) [0, 1] never reached the server in 3s (started with --workers 2?)"]
+    assert not (tmp_path / "r").exists() or not list((tmp_path / "r").rglob("manifest.json"))

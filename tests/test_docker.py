@@ -129,7 +129,7 @@ def test_dockerfile_base_argument_and_offline_path():
 
 def test_psbench_commands_parse():
     parser = psbench_parser()
-    for service in ("ps-server", "worker", "spark-driver"):
+    for service in ("ps-server", "worker", "ps-job", "spark-driver"):
         for argv in commands_of(service):
             assert argv[0] == "psbench", f"{service}: {argv}"
             try:
@@ -144,11 +144,9 @@ def test_psbench_commands_parse():
 
 
 def test_finisher_command_parses_and_matches_the_workers():
-    from bench.compose_job import build_parser
-
     argv = argv_of("ps-job")
-    assert argv[:3] == ["python", "-m", "bench.compose_job"]
-    args = build_parser().parse_args(argv[3:])
+    assert argv[:2] == ["psbench", "ps-job"]
+    args = psbench_parser().parse_args(argv[1:])
     worker = argv_of("worker")
     for name in JOB_FLAGS:  # the finisher rebuilds the workers' job: the same flags, the same values
         assert flag(argv, name) == flag(worker, name), name

@@ -185,24 +185,33 @@ def test_server_without_token_refuses_to_listen(project):
                      r"from other hosts: give a token", proc.stdout + proc.stderr), proc.stdout + proc.stderr
 
 
-def _kill_one_worker_mid_run(job: Compose, n: int, timeout: float = 300) -> int:
-    """Once every worker registered and trained a moment, SIGKILL one worker's container (a host
-    dying); returns its worker id."""
+def _server_stats(job: Compose) -> dict:
+    """Shard 0's stats, asked from this host over the compose network's bridge (with the token)."""
+    from systems.ps.worker import ADMIN, KVWorker
+
+    server = job.containers("ps-server")[0]
+    ip = _run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", server]).stdout
+    with KVWorker([f"{ip.strip()}:5555"], ADMIN, [], job.env["PSBENCH_TOKEN"], timeout_s=10.0) as kv:
+        return kv.stats()[0]
+
+
+def _kill_one_worker_mid_run(job: Compose, n: int, victim_id: int = 1, timeout: float = 300) -> int:
+    """Once the server has heard every worker train (its stats), SIGKILL worker `victim_id`'s
+    container (a host dying); returns its id."""
     deadline = time.monotonic() + timeout
-    ids: dict[str, int] = {}
-    while len(ids) < n:
-        assert time.monotonic() < deadline, f"workers did not all register: {ids}"
-        for c in job.containers("worker"):
-            m = re.search(r"registered as worker (\d+)", job.logs(c))
-            if m:
-                ids[c] = int(m.group(1))
+    while True:
+        assert time.monotonic() < deadline, "the workers did not all start training"
+        try:
+            stats = _server_stats(job)
+        except Exception:  # not listening yet
+            stats = {}
+        if len(stats.get("idle_s", {})) == n and stats.get("applied", 0) >= 30 * n:
+            break
         time.sleep(1)
-    time.sleep(5)  # data, init, pull: then steps
-    victim = next(c for c, w in ids.items() if w == 1)
-    running = _run(["docker", "inspect", "-f", "{{.State.Running}}", victim]).stdout.strip()
-    assert running == "true" and "steps," not in job.logs(victim), "the worker finished before the kill"
+    assert not stats["finished"], f"a worker finished before the kill: {stats['finished']}"
+    victim = next(c for c in job.containers("worker") if f"registered as worker {victim_id} " in job.logs(c))
     _run(["docker", "kill", victim])
-    return ids[victim]
+    return victim_id
 
 
 LONG_JOB = dict(WORKERS="3", WORKLOAD="mlp-higgs-synthetic", MAX_STEPS="100000", JOB_ARGS="--epochs 30",
