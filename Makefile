@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick regress soak clean horovod test-horovod microbench
+.PHONY: setup test bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker
 
 setup: $(STAMP)
 
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[ray]' || echo "psbench: ray could not be installed; ray-ps runs will be skipped"
 	touch $(STAMP)
 
+# The docker tests (marked `docker`, left out by pyproject's addopts) run in `make test-docker`.
 test: setup
 	$(BIN)/python -m pytest -q
 
@@ -62,6 +63,23 @@ test-horovod: setup
 # 8 workers x 10k push-pull ops against 2 shards on loopback: ops/s, p50/p99, shard memory growth.
 soak: setup
 	$(BIN)/python -m pytest -q -s tests/soak_ps.py
+
+# The image, built offline: dockerd started if none answers (docker/daemon.json: networks in
+# 198.19.0.0/16), a Debian base made with debootstrap (docker/base-image.sh), every wheel built on
+# the host (docker/wheelhouse.sh), `docker build --network none`. Each step is skipped when done.
+DOCKER_BASE  ?= psbench-base:bookworm
+DOCKER_IMAGE ?= psbench:latest
+docker-image: setup
+	bash docker/dockerd.sh
+	bash docker/base-image.sh $(DOCKER_BASE)
+	bash docker/wheelhouse.sh $(BIN)/python
+	docker build -q --network none --build-arg BASE=$(DOCKER_BASE) -f docker/Dockerfile -t $(DOCKER_IMAGE) .
+	docker image prune -f --filter label=psbench.image=1 >/dev/null
+
+# Builds the image and runs the compose PS job (clean, a worker killed under asp and under bsp) and
+# the Spark profile for real; needs root (dockerd) and docker/ci-setup.sh's packages.
+test-docker: setup
+	$(BIN)/python -m pytest -q -s -rs -m docker tests/test_docker_run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

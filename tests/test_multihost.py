@@ -48,7 +48,8 @@ def test_ps_two_servers_four_workers_on_six_hosts_by_hand(tmp_path: Path):
     """Each server and worker in its own namespace host; workers reach the shards only by their
     198.18 addresses. BSP makes the four workers really train together (every step waits for all)."""
     steps, port = 60, 7000
-    common = ["--workload", "mlp-digits", "--workers", "4"]
+    # servers bound beyond loopback require a shared token
+    common = ["--workload", "mlp-digits", "--workers", "4", "--token", "multihost-test"]
     with NetLab(hosts=6) as lab:
         lab_id = lab.lab
         roles = [Role(f"server{j}", j, [PY, "-m", "psbench", "ps-server", "--bind", f"{{h{j}}}:{port}", "--shard-id",

@@ -404,15 +404,22 @@ def recorded_spec(cf: ClusterFile) -> RunSpec:
 
 
 def collect_ps(cf: ClusterFile, roles: list[PlannedRole], recorder) -> None:
+    collect_ps_files(cf.spec, [str(r.out) for r in roles if r.stage == "worker"],
+                     next(str(r.out) for r in roles if r.stage == "finish"), recorder)
+
+
+def collect_ps_files(spec: RunSpec, worker_outs: Sequence[str], fetched_npz: str, recorder) -> None:
+    """Step rows from the workers' --out files, evals of the seeded model and of the final
+    parameters ps-fetch saved, the shards' stats: one run's records from a PS job run elsewhere."""
     import numpy as np
 
     from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 
     starts, ends, rows_by_worker = [], [], {}
-    for role in (r for r in roles if r.stage == "worker"):
-        data = json.loads(Path(role.out).read_text())
+    for out in worker_outs:
+        data = json.loads(Path(out).read_text())
         rows = data["rows"]
-        end = os.stat(role.out).st_mtime
+        end = os.stat(out).st_mtime
         start = end - (rows["t_wall"][-1] if rows["t_wall"] else 0.0)
         starts.append(start)
         ends.append(end)
@@ -424,8 +431,8 @@ def collect_ps(cf: ClusterFile, roles: list[PlannedRole], recorder) -> None:
                              "staleness": st, "bytes": b} for s, t, n, lo, st, b in
                             zip(rows["step"], rows["t_wall"], rows["n_samples"], rows["loss"], rows["staleness"],
                                 rows["bytes"])])
-    fetched = np.load(next(r.out for r in roles if r.stage == "finish"))
-    prep = prepare(cf.spec)
+    fetched = np.load(fetched_npz)
+    prep = prepare(spec)
     model = prep.build_model()
     loss_fn = prep.workload.loss_fn()
     record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data), t_wall=0.0)

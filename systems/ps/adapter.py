@@ -112,11 +112,12 @@ def _loopback(host: str) -> bool:
     """Loopback, or the benchmark range used inside network namespaces we create."""
     import ipaddress
 
+    from psbench.systems.ps.server import is_loopback
+
     try:
-        address = ipaddress.ip_address(host)
-        return address in ipaddress.ip_network("127.0.0.0/8") or address in ipaddress.ip_network("198.18.0.0/15")
+        return is_loopback(host) or ipaddress.ip_address(host) in ipaddress.ip_network("198.18.0.0/15")
     except ValueError:
-        return host == "localhost"
+        return False
 
 
 @dataclass

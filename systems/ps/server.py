@@ -84,6 +84,8 @@ class Shard:
         self.done_rid: dict[int, int] = {}
         self.n_duplicates = 0
         self.registered: dict[str, int] = {}  # nonce -> worker id
+        self.finished: set[int] = set()       # workers that said bye (a job's launcher polls stats for it)
+        self.last_error = ""
         self._next_liveness = 0.0
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_interval = checkpoint.parse_interval(checkpoint_every)
@@ -140,6 +142,7 @@ class Shard:
 
     def error(self, ident: bytes, text: str, worker: int = ADMIN, rid: int | None = None) -> None:
         self.n_errors += 1
+        self.last_error = text
         log.warning("shard %d: rejected a message from worker %s: %s", self.shard_id, worker, text)
         self.outbox.append((ident, protocol.encode("error", worker=worker, error=text, **_rid(rid))))
 
@@ -161,7 +164,7 @@ class Shard:
         elif op == "init":
             self._init(req, msg)
         elif op == "stats":
-            self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version, stats=self.stats())))
+            self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version, stats=self.stats(now))))
         elif op == "shutdown":
             self.stopping = True
             self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version)))
@@ -214,6 +217,7 @@ class Shard:
             self.policy.push(self, req)
         elif op == "bye":
             self.policy.bye(self, w)
+            self.finished.add(w)
             self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version)))
 
     def _retried(self, req: Request) -> bool:
@@ -354,12 +358,17 @@ class Shard:
         self.restored_version = self.version
         return self.version
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, now: float | None = None) -> dict[str, Any]:
+        now = time.monotonic() if now is None else now
         return {"shard": self.shard_id, "version": self.version, "keys": self.keys,
                 "applied": int(sum(self.staleness.values())),
                 "staleness_hist": {str(k): int(v) for k, v in sorted(self.staleness.items())},
                 "errors": self.n_errors, "duplicates": self.n_duplicates, "lost_workers": self.lost_workers,
                 "checkpoints": self.n_checkpoints, "restored_version": self.restored_version,
+                # who is done and who went quiet: what a launcher on another host can see of the job
+                "finished": sorted(self.finished), "last_error": self.last_error,
+                "waiting": sorted({r.worker for r in self.policy.waiting_requests()}),
+                "idle_s": {str(w): round(now - t, 3) for w, t in sorted(self.last_seen.items())},
                 **self.policy.stats()}
 
     def receive(self, ident: bytes, frames: list[Any], token: str | None, max_bytes: int) -> None:
@@ -474,7 +483,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--halt-at-version", type=int, help=argparse.SUPPRESS)  # fault injection for tests
     p.add_argument("--max-message-mb", type=float, default=protocol.DEFAULT_MAX_BYTES / 2**20,
                    help="reject messages larger than this (default 512)")
-    p.add_argument("--token", help="shared token every message must carry (or env PSBENCH_PS_TOKEN)")
+    p.add_argument("--token", help="shared token every message must carry (or env PSBENCH_PS_TOKEN); "
+                                   "required when --bind is not a loopback address")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --bind without a token (anyone who reaches the port can train)")
     p.add_argument("--control", help=argparse.SUPPRESS)  # the launcher's control socket
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
@@ -518,12 +530,34 @@ def split_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost; anything else (0.0.0.0, a name, *) is reachable from elsewhere."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(what: str, host: str, token: str | None, insecure: bool) -> None:
+    """A server bound beyond loopback needs a token, or an explicit --insecure."""
+    from psbench.core.errors import ConfigError
+
+    if not is_loopback(host) and not token and not insecure:
+        raise ConfigError(f"{what} binds {host}, which is reachable from other hosts: give a token "
+                          "(--token or env PSBENCH_PS_TOKEN), or --insecure to accept any client")
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    shard = shard_from_args(args)
     host, port = split_address(args.bind)
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
+    shard = shard_from_args(args)
     serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
           args.halt_at_version)
     return 0

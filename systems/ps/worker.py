@@ -337,15 +337,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--servers", required=True, help="comma-separated host:port of the server shards, in shard order")
     p.add_argument("--worker-id", required=True,
                    help="this worker's index (0..workers-1), or auto: ask shard 0 for the next free one")
-    p.add_argument("--workers", type=int, default=1, help="number of workers in the job (for the data shards)")
-    p.add_argument("--workload", help="workload name (see `psbench list`)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--sharding", default="random")
-    p.add_argument("--evals-per-epoch", type=int, default=2)
-    p.add_argument("--data-dir")
+    add_spec_arguments(p)
     p.add_argument("--token", help="shared token (or env PSBENCH_PS_TOKEN)")
     p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for a server reply")
     p.add_argument("--out", help="write this worker's step rows here (JSON) when done; {worker} is replaced "
@@ -362,6 +354,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retry-s", type=float, default=5.0, help="resend a request unanswered this long (default 5)")
     p.add_argument("--pipeline", action="store_true",
                    help="asp only: overlap each push's round trip with the next step's compute (staleness >= 1)")
+
+
+def add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's settings every worker (and a job's finisher, bench.compose_job) must agree on."""
+    p.add_argument("--workers", type=int, default=1, help="number of workers in the job (for the data shards)")
+    p.add_argument("--workload", help="workload name (see `psbench list`)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--sharding", default="random")
+    p.add_argument("--evals-per-epoch", type=int, default=2)
+    p.add_argument("--data-dir")
 
 
 def _spec(args: argparse.Namespace):

@@ -1,4 +1,4 @@
-"""One rpc-ps process: `python -m systems.rpc_ps.process --job DIR --rank R --servers S --world W --port P`.
+"""One rpc-ps process: `python -m psbench.systems.rpc_ps.process --job DIR --rank R --servers S --world W --port P`.
 Ranks 0..S-1 are server shards (RPC names ps0, ps1, ...), the others trainers (trainer0, ...).
 
 As in PyTorch's parameter-server tutorials: each server process holds its shard in a global that
@@ -162,7 +162,7 @@ def train(job: Path, i: int, spec: RunSpec, options: PeerOptions, args: argparse
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m systems.rpc_ps.process")
+    p = argparse.ArgumentParser(prog="python -m psbench.systems.rpc_ps.process")
     p.add_argument("--job", type=Path, required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)

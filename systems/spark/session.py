@@ -1,6 +1,11 @@
-"""What the Spark adapters share: options, the SparkSession (created quiet, bound to 127.0.0.1,
-executors importing this checkout, reused across runs with the same master), and turning a
-Spark job failure into one clear line."""
+"""What the Spark adapters share: options, the SparkSession (created quiet, bound to 127.0.0.1
+unless driver_host/driver_bind say otherwise, executors importing this checkout, reused across
+runs with the same master), and turning a Spark job failure into one clear line.
+
+A driver bound beyond loopback (executors on other hosts connect to it) needs a token: env
+PSBENCH_SPARK_TOKEN turns on Spark's own authentication (spark.authenticate, a shared secret the
+standalone master and workers must be given too: systems/spark/daemon.py), or the run says
+insecure=true, which its manifest records."""
 from __future__ import annotations
 
 import os
@@ -28,6 +33,9 @@ class SparkOptions:
     spark_master: str = option(LOCAL_DEFAULT, "Spark master: local[N] (N = workers), local[K], or spark://host:port")
     spark_conf: str = option("", "extra Spark settings, 'key=value,key=value'")
     fail_at_step: int = option(-1, "make the last worker's task fail at this step (fault injection; -1 = never)")
+    driver_host: str = option("127.0.0.1", "address executors reach the driver at (spark.driver.host)")
+    driver_bind: str = option("", "address the driver binds (spark.driver.bindAddress; default: driver_host)")
+    insecure: bool = option(False, "allow a driver bound beyond loopback without a token (env PSBENCH_SPARK_TOKEN)")
 
     def __post_init__(self) -> None:
         if self.spark_master != LOCAL_DEFAULT and not _MASTER_RE.match(self.spark_master):
@@ -37,6 +45,14 @@ class SparkOptions:
 
     def master(self, workers: int) -> str:
         return f"local[{workers}]" if self.spark_master == LOCAL_DEFAULT else self.spark_master
+
+    def driver_conf(self, token: str | None) -> dict[str, str]:
+        """The driver's addresses, Spark's authentication when there is a token, then spark_conf
+        (which may override any of them)."""
+        conf = {"spark.driver.host": self.driver_host, "spark.driver.bindAddress": self.driver_bind or self.driver_host}
+        if token:
+            conf.update({"spark.authenticate": "true", "spark.authenticate.secret": token})
+        return {**conf, **parse_conf(self.spark_conf)}
 
 
 def parse_conf(text: str) -> dict[str, str]:
@@ -73,12 +89,25 @@ def _local_slots(master: str) -> int | None:
     return int(m.group(1)) if m else (1 if master == "local" else None)
 
 
+def check_driver_exposure(conf: dict[str, str], insecure: bool) -> None:
+    """A driver bound beyond loopback accepts connections from other hosts: it needs Spark's
+    authentication (a token), or an explicit insecure=true."""
+    from psbench.systems.ps.server import is_loopback
+
+    bind = conf.get("spark.driver.bindAddress", "127.0.0.1")
+    if not is_loopback(bind) and conf.get("spark.authenticate") != "true" and not insecure:
+        raise ConfigError(f"the Spark driver binds {bind}, which is reachable from other hosts: set "
+                          "PSBENCH_SPARK_TOKEN (Spark authentication; give the master and workers the same) "
+                          "or the option insecure=true")
+
+
 def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = None,
-                barrier_timeout_s: int = 300) -> SessionInfo:
+                barrier_timeout_s: int = 300, insecure: bool = False) -> SessionInfo:
     """The active session if it runs on `master` with `extra_conf`, else a fresh one."""
     slots = _local_slots(master)
     if slots is not None and slots < workers:
         raise ConfigError(f"Spark master {master} has {slots} task slot(s), fewer than {workers} workers")
+    check_driver_exposure({"spark.driver.bindAddress": "127.0.0.1", **(extra_conf or {})}, insecure)
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -171,7 +200,11 @@ def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw:
     from psbench.systems.common import configure_threads
 
     configure_threads(1)
-    session = get_session(options.master(spec.workers), spec.workers, parse_conf(options.spark_conf), **session_kw)
+    token = os.environ.get("PSBENCH_SPARK_TOKEN") or None
+    conf = options.driver_conf(token)
+    session = get_session(options.master(spec.workers), spec.workers, conf, insecure=options.insecure, **session_kw)
     recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
-                          spark_master=session.master)
+                          spark_master=session.master, spark_driver=conf["spark.driver.host"],
+                          spark_auth="token" if conf.get("spark.authenticate") == "true" else
+                          "insecure" if options.insecure else "loopback")
     return session
