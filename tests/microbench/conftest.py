@@ -13,10 +13,10 @@ import pytest
 from psbench.bench.regress.micro import CASES, ratios_from_json
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def case_sides():
     """case name -> its {side: callable}, each case set up once (a PS shard, an echo server) and torn
-    down at the end of the session."""
+    down after this module, so no server outlives the micro-benchmarks in a whole-suite run."""
     with contextlib.ExitStack() as stack:
         entered: dict[str, Any] = {}
 
