@@ -79,6 +79,7 @@ def test_pipelined_asp_computes_each_gradient_one_reply_behind():
 
 def test_cli_asp_run_learns_and_records_staleness(results_dir):
     rc = cli_main(["run", "--system", "ps", "--workload", "mlp-digits", "-np", "2", "--consistency", "asp",
+                   "--allow-oversubscribe",  # 2 compute-bound workers + the shard: a functional test
                    "--results-dir", str(results_dir), "--suite", "t", "--no-progress"])
     assert rc == 0
     [run] = list((results_dir / "t").iterdir())
@@ -124,7 +125,8 @@ def test_ctrl_c_stops_every_process(tmp_path):
     from psbench.systems.common import child_env
 
     proc = subprocess.Popen([sys.executable, "-m", "psbench.bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
-                             "-np", "2", "--epochs", "200", "--results-dir", str(tmp_path), "--no-progress"],
+                             "-np", "2", "--epochs", "200", "--allow-oversubscribe", "--results-dir", str(tmp_path),
+                             "--no-progress"],
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 90

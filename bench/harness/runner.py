@@ -104,16 +104,18 @@ def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers
             extra = float(system_cls.extra_cpu(options, steps_per_s, n_params))
     if device is None and hasattr(system_cls, "extra_cpu"):
         extra = float(system_cls.extra_cpu(options, float("inf"), 0))
-    workers_demand = spec.workers * share
+    # A multi-node run (ddp --nnodes) starts only this node's ranks here.
+    local = system_cls.local_workers(options, spec.workers) if hasattr(system_cls, "local_workers") else spec.workers
+    workers_demand = local * share
     demand = workers_demand + extra
     conditions = {"emulate_device": device.describe() if device is not None else None,
                   "stragglers": stragglers.text if stragglers is not None else None,
                   "worker_compute_share": round(share, 4), "cpu_demand": round(demand, 3), "cores": cores,
                   "oversubscribed": demand > cores + 1e-9}
     if conditions["oversubscribed"] and not allow_oversubscribe:
-        hint = ("emulate a device (--emulate-device step_ms=20) so workers sleep most of each step, "
+        hint = ("an emulated device (--emulate-device step_ms=20) so workers sleep most of each step, "
                 if device is None else "a slower emulated device, ")
-        raise ConfigError(f"run {spec.run_id} needs about {demand:.1f} cores ({spec.workers} workers x "
+        raise ConfigError(f"run {spec.run_id} needs about {demand:.1f} cores ({local} workers x "
                           f"{share:.2f} compute share + {extra:.1f} for the system's own processes), this machine "
                           f"has {cores}: use {hint}fewer workers, or --allow-oversubscribe (recorded in the manifest)")
     return conditions

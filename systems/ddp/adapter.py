@@ -58,6 +58,11 @@ class DDPSystem:
     name = "ddp"
     Options = DDPOptions
 
+    @staticmethod
+    def local_workers(options: DDPOptions, workers: int) -> int:
+        """The ranks this node starts (the CPU budget counts these)."""
+        return max(1, workers // options.nnodes)
+
     @classmethod
     def unavailable_reason(cls) -> str | None:
         import torch.distributed as dist
