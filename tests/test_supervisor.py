@@ -44,22 +44,24 @@ def test_stop_reaches_the_whole_tree_and_keeps_the_exit_code(tmp_path):
     assert gone
 
 
-def test_zero_grace_is_a_plain_sigkill_and_stays_visible(tmp_path):
-    sup = Supervisor(tmp_path)
-    child = sup.spawn("victim", [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                           "print('up', flush=True); time.sleep(60)"])
+def ignoring_sigterm(sup: Supervisor, name: str):
+    """A child that ignores SIGTERM, once it is up."""
+    child = sup.spawn(name, [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                       "print('up', flush=True); time.sleep(60)"])
     while child.log_tail() != "up":
         time.sleep(0.05)
+    return child
+
+
+def test_zero_grace_is_a_plain_sigkill_and_stays_visible(tmp_path):
+    child = ignoring_sigterm(Supervisor(tmp_path), "victim")
     stop_tree([child.proc], grace_s=0)
     assert child.poll() == -9 and child.describe() == "killed by SIGKILL"
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     sup = Supervisor(tmp_path)
-    child = sup.spawn("stubborn", [PY, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                                             "print('up', flush=True); time.sleep(60)"])
-    while child.log_tail() != "up":
-        time.sleep(0.05)
+    child = ignoring_sigterm(sup, "stubborn")
     start = time.monotonic()
     sup.stop(grace_s=0.5)
     assert 0.5 <= time.monotonic() - start < 10 and child.poll() == -9
