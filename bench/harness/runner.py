@@ -90,9 +90,9 @@ def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers
     processes (system_cls.extra_cpu: PS shards, a Spark driver). More than this machine's cores is
     refused, or recorded as oversubscribed with allow_oversubscribe."""
     cores = os.cpu_count() or 1
-    extra = 0.0
     if device is None:
-        share = 1.0  # compute-bound workers keep a core each; the system's processes only add to that
+        # compute-bound workers keep a core each and push as fast as they can
+        share, steps_per_s, n_params = 1.0, float("inf"), 0
     else:
         batch = spec.batch_size or get_workload(spec.workload).batch_size
         compute_s, n_params = measured_compute_s(spec)
@@ -100,10 +100,7 @@ def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers
         steps_per_s = sum(1.0 / max(compute_s, device.target_s(spec.workload, batch)
                                     * (stragglers.factor(w, spec.workers, spec.seed) if stragglers else 1.0))
                           for w in range(spec.workers))
-        if hasattr(system_cls, "extra_cpu"):
-            extra = float(system_cls.extra_cpu(options, steps_per_s, n_params))
-    if device is None and hasattr(system_cls, "extra_cpu"):
-        extra = float(system_cls.extra_cpu(options, float("inf"), 0))
+    extra = float(system_cls.extra_cpu(options, steps_per_s, n_params)) if hasattr(system_cls, "extra_cpu") else 0.0
     # A multi-node run (ddp --nnodes) starts only this node's ranks here.
     local = system_cls.local_workers(options, spec.workers) if hasattr(system_cls, "local_workers") else spec.workers
     workers_demand = local * share
