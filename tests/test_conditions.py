@@ -136,6 +136,17 @@ def test_oversubscription_is_refused_or_recorded():
     assert conditions["oversubscribed"] is False and conditions["cpu_demand"] < 2
 
 
+@pytest.mark.parametrize("system", ["spark-mllib", "spark-barrier", "spark-torch"])
+def test_spark_budget_counts_workers_only_in_local_mode(system):
+    """On a cluster master the executors use the cluster's cores: only the driver is counted here."""
+    local = RunSpec(system, "mlp-digits", workers=2, max_steps=5)
+    with pytest.raises(ConfigError, match=r"needs about 2\.5 cores"):
+        plan(local)
+    cluster = RunSpec(system, "mlp-digits", workers=2, max_steps=5,
+                      options={"spark_master": "spark://198.18.0.1:7077"})
+    assert plan(cluster).conditions["cpu_demand"] == 0.5
+
+
 def test_cli_refuses_oversubscription_with_exit_2(capsys, tmp_path):
     rc = main(["run", "--system", "ddp", "-np", "4", "--workload", "mlp-digits", "--max-steps", "2",
                "--results-dir", str(tmp_path), "--no-progress"])

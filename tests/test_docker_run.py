@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from psbench.core.tables import read_table
+from psbench.core.tables import read_table, table_files
 
 pytestmark = pytest.mark.docker
 
@@ -164,7 +164,8 @@ def test_ps_job_runs_to_the_end(project):
     assert {c: job.exit_code(c) for cs in containers.values() for c in cs} == {c: 0 for cs in containers.values() for c in cs}
     _in_allowed_range(job.addresses())
     run = _run_folder(job.results / "compose")
-    assert {p.name for p in run.iterdir()} >= {"manifest.json", "steps.csv", "evals.csv", "events.csv", "shards.json"}
+    assert {p.name for p in run.iterdir()} >= {"manifest.json", "shards.json"}
+    assert set(table_files(run)) >= {"steps", "evals", "events"}  # in the default record format
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["spec"]["system"] == "ps" and manifest["spec"]["workers"] == 3
     assert manifest["spec"]["options"] == {"consistency": "asp", "servers": 1, "launcher": "compose"}

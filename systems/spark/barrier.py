@@ -24,7 +24,7 @@ from psbench.systems.common import (StepClock, compute_step, configure_threads, 
                             record_evals, set_flat_params)
 from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
                                       injected_failure)
-from psbench.systems.spark.session import (SPARK_DRIVER_CPU, SparkOptions, error_line, pyspark_unavailable_reason,
+from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line,
                                            start_session)
 from psbench.core.errors import ConfigError
 
@@ -107,17 +107,9 @@ def _train_fn(plan: Plan):
     return train
 
 
-class SparkBarrierSystem:
+class SparkBarrierSystem(SparkSystem):
     name = "spark-barrier"
     Options = BarrierOptions
-
-    @staticmethod
-    def extra_cpu(options: BarrierOptions, steps_per_s: float, n_params: int) -> float:
-        return SPARK_DRIVER_CPU
-
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        return pyspark_unavailable_reason()
 
     def run(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder, barrier_timeout_s=options.barrier_timeout_s)

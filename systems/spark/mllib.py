@@ -19,7 +19,7 @@ from psbench.systems.common import (StepClock, compute_step, configure_threads, 
                                     flat_params, make_optimizer, record_evals, set_flat_params, split_flat)
 from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_model, cached_shards, common_steps,
                                       injected_failure)
-from psbench.systems.spark.session import (SPARK_DRIVER_CPU, SparkOptions, error_line, pyspark_unavailable_reason,
+from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line,
                                            start_session)
 from psbench.core.errors import ConfigError
 
@@ -62,17 +62,9 @@ def _add(a: Partial, b: Partial) -> Partial:
     return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]  # new objects: never mutate the zero value
 
 
-class SparkMllibSystem:
+class SparkMllibSystem(SparkSystem):
     name = "spark-mllib"
     Options = MllibOptions
-
-    @staticmethod
-    def extra_cpu(options: MllibOptions, steps_per_s: float, n_params: int) -> float:
-        return SPARK_DRIVER_CPU
-
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        return pyspark_unavailable_reason()
 
     def run(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder)

@@ -46,6 +46,11 @@ class SparkOptions:
     def master(self, workers: int) -> str:
         return f"local[{workers}]" if self.spark_master == LOCAL_DEFAULT else self.spark_master
 
+    def local_workers(self, workers: int) -> int:
+        """Workers whose tasks run on this machine: all in local mode; none on a cluster master
+        (spark://, yarn, k8s), whose executors' cores are the cluster's, not the driver's host's."""
+        return workers if self.master(workers).startswith("local") else 0
+
     def driver_conf(self, token: str | None) -> dict[str, str]:
         """The driver's addresses, Spark's authentication when there is a token, then spark_conf
         (which may override any of them)."""
@@ -53,6 +58,23 @@ class SparkOptions:
         if token:
             conf.update({"spark.authenticate": "true", "spark.authenticate.secret": token})
         return {**conf, **parse_conf(self.spark_conf)}
+
+
+class SparkSystem:
+    """What every Spark adapter shares for the harness: the CPU budget counts the driver and,
+    in local mode only, the workers; availability is pyspark's."""
+
+    @staticmethod
+    def extra_cpu(options: SparkOptions, steps_per_s: float, n_params: int) -> float:
+        return SPARK_DRIVER_CPU
+
+    @staticmethod
+    def local_workers(options: SparkOptions, workers: int) -> int:
+        return options.local_workers(workers)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return pyspark_unavailable_reason()
 
 
 def parse_conf(text: str) -> dict[str, str]:

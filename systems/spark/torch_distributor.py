@@ -17,7 +17,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems.base import option
 from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 from psbench.systems.spark.partitions import clock_mapper
-from psbench.systems.spark.session import (SPARK_DRIVER_CPU, SparkOptions, error_line, pyspark_unavailable_reason,
+from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line,
                                            start_session)
 
 
@@ -26,17 +26,9 @@ class TorchOptions(SparkOptions):
     local_mode: bool = option(True, "TorchDistributor local_mode: ranks on the driver (true) or in Spark tasks (false)")
 
 
-class SparkTorchSystem:
+class SparkTorchSystem(SparkSystem):
     name = "spark-torch"
     Options = TorchOptions
-
-    @staticmethod
-    def extra_cpu(options: TorchOptions, steps_per_s: float, n_params: int) -> float:
-        return SPARK_DRIVER_CPU
-
-    @classmethod
-    def unavailable_reason(cls) -> str | None:
-        return pyspark_unavailable_reason()
 
     def run(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
         start_session(spec, options, recorder)
