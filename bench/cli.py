@@ -23,6 +23,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
     "simulate": ("psbench.bench.sim.command", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
     "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
+    "thesis": ("psbench.bench.report.thesis", "the thesis' three findings beside ours, with verdicts, over the "
+               "suites of a results folder (writes RESULTS_DIR/thesis.md)"),
     "compare": ("psbench.bench.report.compare", "compare two result sets (suites, runs, results roots): ratios B/A "
                 "with bootstrap intervals, matched by run spec"),
     "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios against bench/regress/baselines/regress.json"),
@@ -244,6 +246,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           allow_oversubscribe=args.allow_oversubscribe or experiment.allow_oversubscribe)
         _print_summaries([r for r in results if r is not None])
         _track(args, Path(args.results_dir) / suite, results, _report(Path(args.results_dir) / suite))
+    from psbench.bench.report.thesis import write as write_thesis
+
+    out, found = write_thesis(Path(args.results_dir), args.quick)
+    print(f"thesis: {out} ({', '.join(f'{f.suite}: {f.verdict}' for f in found) or 'no finding in these suites'})",
+          file=sys.stderr)
     return 0
 
 

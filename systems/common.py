@@ -16,7 +16,8 @@ from psbench.core.emulation import Pacer, pacer_for
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
 from psbench.workloads import Dataset, Workload, get_workload
-from psbench.workloads.sharding import ShardPlan, make_shards
+from psbench.workloads.datasets import cache_dir
+from psbench.workloads.sharding import ShardPlan, make_shards_cached
 
 BUDGET_STEP_CAP = 10 ** 9  # per-worker steps under a global budget: never the limit
 TRAIN_EVAL_EXAMPLES = 2048  # training metrics are measured on a fixed subset, for speed
@@ -87,7 +88,7 @@ class Prepared:
 def prepare(spec: RunSpec) -> Prepared:
     workload = get_workload(spec.workload)
     data = workload.load_data(data_dir=spec.data_dir)
-    plan = make_shards(data.y_train, data.x_train, spec.workers, spec.sharding, spec.seed)
+    plan = make_shards_cached(data.y_train, data.x_train, spec.workers, spec.sharding, spec.seed, cache_dir())
     return Prepared(spec, workload, data, plan,
                     epochs=spec.epochs or workload.epochs,
                     batch_size=spec.batch_size or workload.batch_size,

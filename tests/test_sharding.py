@@ -6,7 +6,7 @@ import pytest
 
 from psbench.core.errors import ConfigError
 from psbench.workloads import load_dataset
-from psbench.workloads.sharding import make_shards
+from psbench.workloads.sharding import make_shards, make_shards_cached
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +81,19 @@ def test_more_workers_than_examples_is_a_clear_error() -> None:
     labels = np.array([0, 1, 0])
     with pytest.raises(ConfigError, match="more workers than examples"):
         make_shards(labels, None, 4, "random", seed=0)
+
+
+def test_distribution_aware_plans_are_cached_per_data_workers_and_seed(digits, tmp_path) -> None:
+    """Every worker process of a run needs the plan; k-means runs once, the rest load it."""
+    x, y = digits.x_train, digits.y_train
+    first = make_shards_cached(y, x, 4, "distribution-aware:60", 0, tmp_path)
+    assert len(list(tmp_path.glob("shards-*.npz"))) == 1
+    again = make_shards_cached(y, x, 4, "distribution-aware:60", 0, tmp_path)
+    fresh = make_shards(y, x, 4, "distribution-aware:60", 0)
+    for plan in (first, again):
+        assert all(np.array_equal(a, b) for a, b in zip(plan.shards, fresh.shards))
+        assert plan.sparse_neighbourhoods == fresh.sparse_neighbourhoods
+    make_shards_cached(y, x, 4, "distribution-aware:60", 1, tmp_path)  # another seed: another plan
+    make_shards_cached(y[:-1], x[:-1], 4, "distribution-aware:60", 0, tmp_path)  # other data: another plan
+    make_shards_cached(y, x, 4, "random", 0, tmp_path)  # a permutation: never cached
+    assert len(list(tmp_path.glob("shards-*.npz"))) == 3

@@ -130,3 +130,23 @@ def test_a_workloads_split_is_fixed_so_seeds_vary_only_init_shards_and_order() -
     assert np.array_equal(a.data.x_val, b.data.x_val) and np.array_equal(a.data.y_train, b.data.y_train)
     first = [p.detach().clone() for p in a.build_model().parameters()]
     assert not all(torch.equal(p, q) for p, q in zip(first, b.build_model().parameters()))
+
+
+def test_generated_data_is_made_once_and_then_loaded(tmp_path: Path, monkeypatch) -> None:
+    """Worker processes load the cache instead of importing scikit-learn or generating again."""
+    from psbench.workloads.datasets import cached_arrays
+
+    monkeypatch.setenv("PSBENCH_CACHE", str(tmp_path))
+    calls = []
+
+    def make():
+        calls.append(1)
+        return np.arange(6, dtype=np.float32).reshape(3, 2), np.array([0, 1, 0])
+
+    for _ in range(2):
+        x, y = cached_arrays("toy", make)
+        assert x.shape == (3, 2) and list(y) == [0, 1, 0]
+    assert calls == [1] and [p.name for p in tmp_path.iterdir()] == ["toy.npz"]
+    a = load_dataset("digits", seed=0)
+    b = load_dataset("digits", seed=0)  # from the cache written by the first
+    assert (tmp_path / "digits.npz").is_file() and np.array_equal(a.x_train, b.x_train)

@@ -5,6 +5,8 @@ validation, deterministic for a seed. Nothing is downloaded.
 """
 from __future__ import annotations
 
+import functools
+
 import gzip
 import struct
 from dataclasses import dataclass
@@ -46,11 +48,14 @@ def _standardise(x: np.ndarray) -> np.ndarray:
 
 def load_digits(seed: int, data_dir: Path | None = None) -> Dataset:
     """scikit-learn's 8x8 handwritten digits (1797 real images, shipped with the package)."""
-    from sklearn.datasets import load_digits as sk_digits
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        from sklearn.datasets import load_digits as sk_digits
 
-    bunch = sk_digits()
-    x = (bunch.data / 16.0).astype(np.float32)
-    return _split("digits", x, bunch.target, 10, seed)
+        bunch = sk_digits()
+        return (bunch.data / 16.0).astype(np.float32), bunch.target.astype(np.int64)
+
+    x, y = cached_arrays("digits", make)
+    return _split("digits", x, y, 10, seed)
 
 
 def cache_dir() -> Path:
@@ -60,24 +65,34 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PSBENCH_CACHE", Path.home() / ".cache" / "psbench"))
 
 
-def load_mnist1d(seed: int, data_dir: Path | None = None) -> Dataset:
-    """MNIST-1D (Greydanus 2020), generated offline by the `mnist1d` package: 4000/1000 split.
-    Generating takes seconds, and every worker process loads it, so the arrays are cached."""
-    cached = cache_dir() / "mnist1d-seed42.npz"
-    if cached.is_file():
-        with np.load(cached) as arrays:
-            x, y = arrays["x"], arrays["y"]
-    else:
+def load_mnist1d(seed: int, data_dir: Path | None = None, n_samples: int = 5000) -> Dataset:
+    """MNIST-1D (Greydanus 2020), generated offline by the `mnist1d` package (any size; the
+    package's default 5000 gives a 4000/1000 split)."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
         from mnist1d.data import get_dataset_args, make_dataset
 
         args = get_dataset_args()
         args.seed = 42  # the benchmark's canonical data
+        args.num_samples = n_samples
         data = make_dataset(args)
-        x = np.concatenate([data["x"], data["x_test"]]).astype(np.float32)
-        y = np.concatenate([data["y"], data["y_test"]]).astype(np.int64)
-        _save_npz_atomically(cached, x=x, y=y)
+        return (np.concatenate([data["x"], data["x_test"]]).astype(np.float32),
+                np.concatenate([data["y"], data["y_test"]]).astype(np.int64))
+
+    x, y = cached_arrays("mnist1d-seed42" if n_samples == 5000 else f"mnist1d-{n_samples}-seed42", make)
     x = _standardise(x)[:, None, :]  # (n, 1, 40): one channel for the 1-D CNN
     return _split("mnist1d", x, y, 10, seed)
+
+
+def cached_arrays(key: str, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) from cache_dir()/KEY.npz, made once by `make`. Every worker process loads its run's
+    data, and generating it (or importing scikit-learn to read it) costs seconds of CPU a process."""
+    cached = cache_dir() / f"{key}.npz"
+    if cached.is_file():
+        with np.load(cached) as arrays:
+            return arrays["x"], arrays["y"]
+    x, y = make()
+    _save_npz_atomically(cached, x=x, y=y)
+    return x, y
 
 
 def _save_npz_atomically(path: Path, **arrays: np.ndarray) -> None:
@@ -97,15 +112,19 @@ def make_synthetic(seed: int, n_samples: int = 4000, n_features: int = 28, n_cla
     (class c gets weight (1 - skew)^c), the stress case for data sharding."""
     if not 0.0 <= label_skew < 1.0:
         raise ConfigError(f"label_skew must be in [0, 1), got {label_skew}")
-    from sklearn.datasets import make_classification
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        from sklearn.datasets import make_classification
 
-    weights = np.array([(1.0 - label_skew) ** c for c in range(n_classes)])
-    weights = weights / weights.sum()
-    x, y = make_classification(n_samples=n_samples, n_features=n_features,
-                               n_informative=max(2, n_features // 2), n_redundant=n_features // 4,
-                               n_classes=n_classes, n_clusters_per_class=2, weights=weights.tolist(),
-                               class_sep=1.0, random_state=seed)
-    return _split(name, _standardise(x.astype(np.float32)), y, n_classes, seed)
+        weights = np.array([(1.0 - label_skew) ** c for c in range(n_classes)])
+        weights = weights / weights.sum()
+        x, y = make_classification(n_samples=n_samples, n_features=n_features,
+                                   n_informative=max(2, n_features // 2), n_redundant=n_features // 4,
+                                   n_classes=n_classes, n_clusters_per_class=2, weights=weights.tolist(),
+                                   class_sep=1.0, random_state=seed)
+        return x.astype(np.float32), y.astype(np.int64)
+
+    x, y = cached_arrays(f"synthetic-{n_samples}x{n_features}-c{n_classes}-skew{label_skew:g}-seed{seed}", make)
+    return _split(name, _standardise(x), y, n_classes, seed)
 
 
 def load_higgs_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
@@ -218,6 +237,8 @@ def load_cifar10_bin(seed: int, data_dir: Path | None = None) -> Dataset:
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,
     "mnist1d": load_mnist1d,
+    # larger MNIST-1D for sharding: 12 workers each get enough examples that shard balance matters
+    "mnist1d-20k": functools.partial(load_mnist1d, n_samples=20000),
     "higgs-synthetic": load_higgs_synthetic,
     "skewed-synthetic": load_skewed_synthetic,
     "cifar-synthetic": load_cifar_synthetic,

@@ -67,6 +67,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              description="MLP on 10-class synthetic data with label skew (sharding stress case)"),
     Workload("cnn-mnist1d", "mnist1d", "cnn", OptimizerSettings(0.05, 0.9), 32, 8, 0.80,
              description="1-D CNN on MNIST-1D (Greydanus 2020), generated offline"),
+    Workload("cnn-mnist1d-20k", "mnist1d-20k", "cnn", OptimizerSettings(0.05, 0.9), 32, 4, 0.80,
+             description="1-D CNN on 20,000 MNIST-1D examples (16k/4k split): sharding over 12 workers"),
     Workload("resnet-synthetic", "cifar-synthetic", "resnet", OptimizerSettings(0.05, 0.9, 5e-4), 32, 1, 0.50,
              description="ResNet-8 on CIFAR-shaped synthetic images (throughput)"),
     Workload("cnn-mnist", "mnist", "cnn", OptimizerSettings(0.05, 0.9), 64, 2, 0.97,

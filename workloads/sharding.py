@@ -9,7 +9,11 @@ Pure and deterministic for (labels, features, n_workers, strategy, seed).
 """
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -100,6 +104,32 @@ def make_shards(labels: np.ndarray, features: np.ndarray | None, n_workers: int,
             for w in range(n_workers):
                 shards[w].extend(int(i) for i in group)
     return ShardPlan(strategy, n_workers, [np.asarray(s, dtype=np.int64) for s in shards], sparse_sizes)
+
+
+def make_shards_cached(labels: np.ndarray, features: np.ndarray, n_workers: int, strategy: str, seed: int,
+                       cache: Path) -> ShardPlan:
+    """make_shards, with distribution-aware plans kept in `cache` (one file per data, workers,
+    strategy and seed): its PCA + k-means costs seconds and every worker process of a run would
+    otherwise repeat it. Random and stratified are a permutation: always computed."""
+    if parse_strategy(strategy)[0] != "distribution-aware":
+        return make_shards(labels, features, n_workers, strategy, seed)
+    digest = hashlib.blake2b(f"{n_workers}|{strategy}|{seed}|{features.shape}|{features.dtype}".encode(),
+                             digest_size=16)
+    digest.update(np.ascontiguousarray(labels).tobytes())
+    digest.update(np.ascontiguousarray(features).tobytes())
+    file = cache / f"shards-{digest.hexdigest()}.npz"
+    if file.is_file():
+        with np.load(file) as saved:
+            bounds = np.cumsum(saved["sizes"])[:-1]
+            return ShardPlan(strategy, n_workers, np.split(saved["indices"], bounds), saved["sparse"].tolist())
+    plan = make_shards(labels, features, n_workers, strategy, seed)
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".npz", dir=cache)
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, indices=np.concatenate(plan.shards), sizes=np.array([len(s) for s in plan.shards]),
+                 sparse=np.array(plan.sparse_neighbourhoods, dtype=np.int64))
+    os.replace(tmp, file)
+    return plan
 
 
 def _neighbourhoods(features: np.ndarray, k: int, n_workers: int, seed: int,

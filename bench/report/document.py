@@ -23,8 +23,9 @@ from psbench.core.records import STEP_TIME_COLUMNS
 from psbench.bench.report import measures
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
-from psbench.bench.report.stats import (CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci,
-                                        variance_ratio)
+from psbench.bench.report import thesis as thesis_findings
+from psbench.bench.report.stats import (CONFIDENCE, N_BOOT, Interval, VarianceRatio, bootstrap_ci, mlperf_time_to_target,
+                                        paired_variance_ratio, ratio_ci, variance_ratio)
 from psbench.bench.harness.results import SuiteResults, load_suite
 
 PLOT_CAPTIONS = {
@@ -277,14 +278,26 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
                                        "sharding": strategy, "seeds": len(values)}
                 _with_ci(row, "mean", values)
                 row["variance"] = values.var(ddof=1) if len(values) > 1 else None
-                vr = variance_ratio(base, values)
+                vr = _variance_ratio(group, strategy, metric)
                 row["var ratio (random ÷ this)"] = None if _missing(vr.ratio) else vr.ratio
                 same = strategy == "random"  # random against itself: ratio 1 by definition, nothing to test
                 row["ratio 95% CI"] = "–" if same else _ci(Interval(vr.n_other, vr.ratio, vr.lo, vr.hi))
                 row["p (Brown–Forsythe)"] = None if same else vr.p_brown_forsythe
                 row["p (F)"] = None if same else vr.p_f
+                row["p (paired)"] = None if same or _missing(vr.p_pitman_morgan) else vr.p_pitman_morgan
                 rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _variance_ratio(group: pd.DataFrame, strategy: str, metric: str) -> VarianceRatio:
+    """random's variance ÷ the strategy's: paired by seed (interval over resampled seeds, and the
+    Pitman–Morgan test) when both ran the same seeds, the design where only the shards change;
+    otherwise as two independent samples."""
+    base = group[group["sharding"] == "random"].dropna(subset=[metric]).groupby("seed")[metric].first()
+    other = group[group["sharding"] == strategy].dropna(subset=[metric]).groupby("seed")[metric].first()
+    if len(base) >= 3 and set(base.index) == set(other.index):
+        return paired_variance_ratio(base.sort_index().to_numpy(), other.sort_index().to_numpy())
+    return variance_ratio(base, other)
 
 
 PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (issue 18: ps >= 2x each at 4 workers)
@@ -577,6 +590,11 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
     table("Time to accuracy and costs", accuracy_table(res),
           "Launch (process start, a Spark session) and the Strategy-Switch hand-over in their own columns, and "
           "included in the time to target beside it.")
+    verdicts = thesis_findings.findings_table(thesis_findings.findings(res))
+    table("Thesis verdicts", verdicts.drop(columns=["suite"]),
+          "Each of the thesis' findings this suite holds records for: the paper's figure, ours with its 95% "
+          "interval and n, and a verdict by the rule beside it (bench/report/thesis.py), computed from the records. "
+          "`psbench thesis RESULTS_DIR` gathers them over every suite.")
     table("Thesis figures beside ours", thesis,
           "Our runs are small and on one machine; the shape of a finding is what carries over, not its size. "
           "Strategy-Switch is compared with pure sync and pure async runs set up alike, never with itself.")

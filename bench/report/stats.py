@@ -100,6 +100,7 @@ class VarianceRatio:
     hi: float
     p_brown_forsythe: float
     p_f: float
+    p_pitman_morgan: float = math.nan  # paired samples only (see paired_variance_ratio)
 
 
 def variance_ratio(base: Sequence[float] | np.ndarray, other: Sequence[float] | np.ndarray,
@@ -124,6 +125,71 @@ def variance_ratio(base: Sequence[float] | np.ndarray, other: Sequence[float] | 
     else:
         p_f = nan
     return VarianceRatio(len(a), len(b), float(ratio), lo, hi, p_bf, p_f)
+
+
+def _pairs(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray,
+           allow_inf: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Aligned values (one pair per seed), pairs with a nan (or an inf, unless allowed) dropped."""
+    x, y = np.asarray(a, dtype=float).ravel(), np.asarray(b, dtype=float).ravel()
+    if len(x) != len(y):
+        raise ValueError(f"paired samples differ in length: {len(x)} vs {len(y)}")
+    keep = ~(np.isnan(x) | np.isnan(y)) if allow_inf else np.isfinite(x) & np.isfinite(y)
+    return x[keep], y[keep]
+
+
+def paired_ratio_ci(numerator: Sequence[float] | np.ndarray, denominator: Sequence[float] | np.ndarray,
+                    statistic: str = "median", confidence: float = CONFIDENCE, n_boot: int = N_BOOT,
+                    seed: int = BOOT_SEED) -> Interval:
+    """statistic(numerator) / statistic(denominator) over pairs run alike (one pair per seed: the
+    same seed gave both runs the same initial weights, batch order and straggler schedule), the
+    pairs resampled together. inf is allowed (a run that never reached a target): the median
+    copes with a few, and a resample whose ratio is inf/inf is dropped."""
+    a, b = _pairs(numerator, denominator, allow_inf=True)
+    f = STATISTICS[statistic]
+    if len(a) == 0:
+        return Interval(0, math.nan, math.nan, math.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        estimate = float(f(a) / f(b))
+        if len(a) < 2:
+            return Interval(1, estimate, math.nan, math.nan)
+        idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+        ratios = f(a[idx]) / f(b[idx])
+    ratios = ratios[~np.isnan(ratios)]
+    lo, hi = _quantiles(ratios, confidence) if len(ratios) else (math.nan, math.nan)
+    return Interval(len(a), estimate, lo, hi)
+
+
+def paired_diff_ci(values: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray,
+                   confidence: float = CONFIDENCE, n_boot: int = N_BOOT, seed: int = BOOT_SEED) -> Interval:
+    """Mean of (value - baseline) over pairs (one per seed), with its bootstrap interval."""
+    a, b = _pairs(values, baseline)
+    return bootstrap_ci(a - b, "mean", confidence, n_boot, seed)
+
+
+def paired_variance_ratio(base: Sequence[float] | np.ndarray, other: Sequence[float] | np.ndarray,
+                          confidence: float = CONFIDENCE, n_boot: int = N_BOOT,
+                          seed: int = BOOT_SEED) -> VarianceRatio:
+    """var(base) / var(other) over pairs (one per seed; between the two only the treatment changed,
+    e.g. the shard assignment), the pairs resampled together, plus the Pitman–Morgan test of equal
+    variances for paired samples (r = corr(a + b, a - b); t = r sqrt((n - 2) / (1 - r^2)), n - 2
+    degrees of freedom). The unpaired tests are kept beside it."""
+    a, b = _pairs(base, other)
+    unpaired = variance_ratio(a, b, confidence, n_boot, seed)
+    if len(a) < 3:
+        return unpaired
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = a[idx].var(axis=1, ddof=1) / b[idx].var(axis=1, ddof=1)
+    boot = boot[~np.isnan(boot)]
+    lo, hi = _quantiles(boot, confidence) if len(boot) else (math.nan, math.nan)
+    s, d = a + b, a - b
+    if s.std() > 0 and d.std() > 0:
+        r = float(np.corrcoef(s, d)[0, 1])
+        t = r * math.sqrt((len(a) - 2) / max(1e-300, 1 - r * r))
+        p_pm = float(2 * sps.t(len(a) - 2).sf(abs(t)))
+    else:
+        p_pm = math.nan
+    return VarianceRatio(len(a), len(b), unpaired.ratio, lo, hi, unpaired.p_brown_forsythe, unpaired.p_f, p_pm)
 
 
 @dataclass(frozen=True)

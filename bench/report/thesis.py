@@ -1,0 +1,278 @@
+"""The thesis' three findings set beside ours: each computed from a suite's records, with n, an
+interval and a verdict by a stated rule (reproduced / not reproduced / inconclusive), never typed in.
+
+- kassela: per-mini-batch time falls with the mini-batch for the PS (>= 10x over the range) and
+  barely for Spark MLlib (<= 1.5x). Kassela et al., IEEE BigData 2019: up to 14x vs at most 1.36x.
+- switch: Strategy-Switch reaches the target >= 1.3x sooner than synchronous all-reduce, with final
+  accuracy within 0.5 pp. Provatas et al., IEEE Access 2025; Sync-Switch (ICDCS 2021).
+- sharding: stratified or distribution-aware shards lower the run-to-run variance of final metrics
+  (random's variance / the strategy's > 1). Provatas et al., IEEE BigData 2021: 8.48x on training
+  accuracy (CIFAR-10, k = 30), 6.11x stratified on validation (CIFAR-100 coarse), ~2x validation.
+
+`psbench thesis RESULTS_DIR` writes RESULTS_DIR/thesis.md over every suite there; a suite's report
+shows the findings its own records hold.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from psbench.bench.harness.results import SuiteResults, load_suite
+from psbench.bench.report import measures
+from psbench.bench.report.plots import SHARDING_GROUP, SHARDING_METRICS, _strategy_order, sharding_runs
+from psbench.bench.report.stats import Interval, paired_diff_ci, paired_ratio_ci, paired_variance_ratio, ratio_ci
+from psbench.core.atomic import atomic_write_text
+from psbench.core.errors import ConfigError
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+
+PS_FALL_MIN = 10.0      # the PS's per-mini-batch time falls at least this much over the range
+SPARK_FALL_MAX = 1.5    # Spark MLlib's at most this much
+SWITCH_SPEEDUP = 1.3    # switch's time to target: sync's / switch's at least this
+SWITCH_ACC_PP = 0.5     # switch's final accuracy at most this many points below sync's
+SHARDING_EFFECT = 2.0   # the paper's smallest reported variance reduction (~2x on validation)
+ALPHA = 0.05
+
+PAPER = {
+    "kassela": "PS per-mini-batch time fell up to 14x as mini-batches shrank; Spark MLlib's at most 1.36x "
+               "(Kassela et al., IEEE BigData 2019)",
+    "switch": "Strategy-Switch: accuracy comparable to synchronous all-reduce while training much faster "
+              "(Provatas et al., IEEE Access 2025); Sync-Switch: up to 5x faster to target (ICDCS 2021)",
+    "sharding": "variance of final metrics, random ÷ strategy: distribution-aware 8.48x on training accuracy "
+                "(CIFAR-10, k=30), ~2x on validation; stratified 6.11x on validation accuracy (CIFAR-100 "
+                "coarse) (Provatas et al., IEEE BigData 2021)",
+}
+RULES = {
+    "kassela": f"reproduced if, for a workload, the PS's fall (largest ÷ smallest mini-batch's per-step time) "
+               f"has its 95% interval at or above {PS_FALL_MIN:g}x and Spark MLlib's (native where run) at or "
+               f"below {SPARK_FALL_MAX:g}x; not reproduced if for every workload the PS's interval lies below "
+               f"{PS_FALL_MIN:g}x or Spark's above {SPARK_FALL_MAX:g}x",
+    "switch": f"reproduced if a switch variant's time to target (training clock, hand-over on it) is "
+              f">= {SWITCH_SPEEDUP:g}x sooner than pure sync's (ddp) with the whole 95% interval, and its final "
+              f"validation accuracy is within {SWITCH_ACC_PP:g} pp of sync's (interval's lower bound); not "
+              f"reproduced if every variant's speed-up interval lies below {SWITCH_SPEEDUP:g}x or its accuracy "
+              f"interval below -{SWITCH_ACC_PP:g} pp",
+    "sharding": f"reproduced if a ratio's 95% interval lies above 1 and its paired (Pitman–Morgan) p-value stays "
+                f"below {ALPHA:g} after a Bonferroni correction over every ratio tested; not reproduced if every "
+                f"ratio's interval lies below {SHARDING_EFFECT:g}x (the paper's smallest effect ruled out)",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    finding: str
+    paper: str
+    ours: str
+    verdict: str
+    rule: str
+    suite: str
+
+
+def _fmt_ci(iv: Interval, unit: str = "x", digits: int = 2) -> str:
+    if math.isnan(iv.estimate):
+        return "n/a"
+    if math.isnan(iv.lo):
+        return f"{iv.estimate:.{digits}f}{unit} (n={iv.n}, no interval)"
+    return f"{iv.estimate:.{digits}f}{unit} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}] (n={iv.n})"
+
+
+# ---- Kassela 2019: per-mini-batch time against the mini-batch ------------------------------------
+
+SPARK_MLLIB = ("spark-mllib-native", "spark-mllib")  # Spark's own trainers first, where run
+
+
+def fall_ratios(res: SuiteResults) -> pd.DataFrame:
+    """Per system (label), workload and workers: median per-step time of the runs at the largest
+    mini-batch ÷ at the smallest, with a bootstrap interval over the runs at each end."""
+    runs = res.runs.dropna(subset=["median_step_s", "batch_size"])
+    rows = []
+    for (label, workload, workers, conditions), group in runs.groupby(["label", "workload", "workers", "conditions"]):
+        batches = sorted(group["batch_size"].unique())
+        if len(batches) < 2:
+            continue
+        large = group.loc[group["batch_size"] == batches[-1], "median_step_s"]
+        small = group.loc[group["batch_size"] == batches[0], "median_step_s"]
+        iv = ratio_ci(large, small)
+        rows.append({"system": label, "workload": workload, "workers": workers, "conditions": conditions,
+                     "smallest batch": batches[0], "largest batch": batches[-1], "fall": iv.estimate,
+                     "lo": iv.lo, "hi": iv.hi, "n": iv.n})
+    return pd.DataFrame(rows, columns=["system", "workload", "workers", "conditions", "smallest batch",
+                                       "largest batch", "fall", "lo", "hi", "n"])
+
+
+def kassela(res: SuiteResults) -> Finding | None:
+    falls = fall_ratios(res)
+    if falls.empty or not (falls["system"] == "ps").any() or not falls["system"].isin(SPARK_MLLIB).any():
+        return None
+    parts, holds, fails = [], [], []
+    for workload, group in falls.groupby("workload", sort=True):
+        ps = group[group["system"] == "ps"]
+        spark = next((group[group["system"] == s] for s in SPARK_MLLIB if (group["system"] == s).any()), None)
+        if ps.empty or spark is None:
+            continue
+        p, s = ps.iloc[0], spark.iloc[0]
+        p_iv = Interval(int(p["n"]), p["fall"], p["lo"], p["hi"])
+        s_iv = Interval(int(s["n"]), s["fall"], s["lo"], s["hi"])
+        parts.append(f"{workload}: ps {_fmt_ci(p_iv)}, {s['system']} {_fmt_ci(s_iv)} "
+                     f"(batch {p['largest batch']}→{p['smallest batch']})")
+        holds.append(p["lo"] >= PS_FALL_MIN and s["hi"] <= SPARK_FALL_MAX)
+        fails.append(p["hi"] < PS_FALL_MIN or s["lo"] > SPARK_FALL_MAX)
+    if not parts:
+        return None
+    verdict = REPRODUCED if any(holds) else NOT_REPRODUCED if all(fails) else INCONCLUSIVE
+    return Finding("per-mini-batch time falls with the mini-batch for the PS, not for Spark MLlib", PAPER["kassela"],
+                   "; ".join(parts), verdict, RULES["kassela"], res.suite)
+
+
+# ---- Strategy-Switch -----------------------------------------------------------------------------
+
+def _paired(runs: pd.DataFrame, base: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """The column of `runs` and of `base` aligned on seed (the seeds both have)."""
+    a = runs.groupby("seed")[column].first()
+    b = base.groupby("seed")[column].first()
+    seeds = sorted(set(a.index) & set(b.index))
+    return a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float)
+
+
+def _unreached_as_inf(values: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(values), np.inf, values)
+
+
+def switch(res: SuiteResults) -> Finding | None:
+    runs = res.runs
+    if not (runs["system"] == "switch").any() or not (runs["system"] == "ddp").any():
+        return None
+    parts, holds, fails = [], [], []
+    for (workload, workers, conditions), group in runs.groupby(["workload", "workers", "conditions"], sort=True):
+        sync = group[group["system"] == "ddp"]
+        if sync.empty:
+            continue
+        for label, sw in group[group["system"] == "switch"].groupby("label", sort=True):
+            t_sw, t_sync = _paired(sw, sync, "time_to_target_s")
+            speedup = paired_ratio_ci(_unreached_as_inf(t_sync), _unreached_as_inf(t_sw), "median")
+            a_sw, a_sync = _paired(sw, sync, "final_val_accuracy")
+            acc = paired_diff_ci(a_sw * 100, a_sync * 100)
+            reached = f"target reached {int(np.isfinite(t_sw).sum())}/{len(t_sw)} vs {int(np.isfinite(t_sync).sum())}/{len(t_sync)}"
+            parts.append(f"{label} ({workload}, {workers} workers): sooner to target {_fmt_ci(speedup)}, "
+                         f"final val acc {_fmt_ci(acc, ' pp')} vs ddp; {reached}")
+            holds.append(speedup.lo >= SWITCH_SPEEDUP and acc.lo >= -SWITCH_ACC_PP)
+            fails.append(speedup.hi < SWITCH_SPEEDUP or acc.hi < -SWITCH_ACC_PP)
+    if not parts:
+        return None
+    verdict = REPRODUCED if any(holds) else NOT_REPRODUCED if all(fails) else INCONCLUSIVE
+    return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts), verdict,
+                   RULES["switch"], res.suite)
+
+
+# ---- sharding variance ---------------------------------------------------------------------------
+
+def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
+    """Per configuration, strategy and final metric: random's variance ÷ the strategy's over the
+    seeds both ran (paired: only the shard assignment changed), interval and p-values."""
+    runs = sharding_runs(res.runs)
+    rows = []
+    for key, group in runs.groupby(SHARDING_GROUP, sort=True):
+        base = group[group["sharding"] == "random"]
+        for strategy in _strategy_order(group["sharding"].unique()):
+            if strategy == "random" or base.empty:
+                continue
+            other = group[group["sharding"] == strategy]
+            for metric, title in SHARDING_METRICS:
+                if metric not in group.columns:
+                    continue
+                a, b = _paired(base, other, metric)
+                vr = paired_variance_ratio(a, b)
+                rows.append({"workload": key[0], "workers": key[2], "sharding": strategy, "metric": title,
+                             "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
+                             "p_paired": vr.p_pitman_morgan, "p_brown_forsythe": vr.p_brown_forsythe})
+    return pd.DataFrame(rows, columns=["workload", "workers", "sharding", "metric", "seeds", "ratio", "lo", "hi",
+                                       "p_paired", "p_brown_forsythe"])
+
+
+def sharding(res: SuiteResults) -> Finding | None:
+    ratios = sharding_ratios(res).dropna(subset=["ratio"])
+    if ratios.empty:
+        return None
+    m = len(ratios)
+    above = ratios[(ratios["lo"] > 1)]
+    significant = above[above["p_paired"] * m < ALPHA]
+    best = ratios.loc[ratios["ratio"].idxmax()]
+    parts = [f"largest: {best['sharding']} {best['metric']} ({best['workload']}) "
+             f"{_fmt_ci(Interval(int(best['seeds']), best['ratio'], best['lo'], best['hi']))}, "
+             f"paired p={best['p_paired']:.3g}",
+             f"{len(above)} of {m} ratios have their interval above 1"
+             + (f" ({len(significant)} after Bonferroni)" if len(above) else "")]
+    for _, r in above.iterrows():
+        parts.append(f"{r['sharding']} {r['metric']} ({r['workload']}) "
+                     f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, p={r['p_paired']:.3g}")
+    if len(significant):
+        verdict = REPRODUCED
+    elif (ratios["hi"] < SHARDING_EFFECT).all():
+        verdict = NOT_REPRODUCED
+    else:
+        verdict = INCONCLUSIVE
+    return Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(parts), verdict,
+                   RULES["sharding"], res.suite)
+
+
+FINDINGS = (kassela, switch, sharding)
+
+
+def findings(res: SuiteResults) -> list[Finding]:
+    """The findings this suite's records hold data for."""
+    res = measures.annotate(res)
+    return [f for compute in FINDINGS if (f := compute(res)) is not None]
+
+
+def findings_table(found: list[Finding]) -> pd.DataFrame:
+    return pd.DataFrame([asdict(f) for f in found], columns=list(Finding.__dataclass_fields__))
+
+
+def collect(results_dir: Path, quick: bool = False) -> list[Finding]:
+    """Every finding over the suites of a results folder (a suite is a folder of run folders):
+    the full suites, or with `quick` the quick ones (`<suite>-quick`), never the two mixed."""
+    found: list[Finding] = []
+    for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json"))):
+        if suite.name.endswith("-quick") == quick:
+            found.extend(findings(load_suite(suite)))
+    return found
+
+
+def render(found: list[Finding], quick: bool = False) -> str:
+    lines = ["# The thesis' findings, reproduced on this machine" + (" (quick sizes)" if quick else ""), "",
+             "Computed by `psbench thesis` from the suites' records; each verdict follows the rule below it.", "",
+             "| finding | the paper | ours (95% interval, n) | verdict | suite |", "|---|---|---|---|---|"]
+    for f in found:
+        lines.append(f"| {f.finding} | {f.paper} | {f.ours} | **{f.verdict}** | {f.suite} |")
+    lines += ["", "Rules:", ""] + [f"- **{f.finding}**: {f.rule}" for f in found]
+    if not found:
+        lines += ["", "No suite here holds the records of a finding (run `psbench bench`)."]
+    return "\n".join(lines) + "\n"
+
+
+def write(results_dir: Path, quick: bool = False) -> tuple[Path, list[Finding]]:
+    """RESULTS_DIR/thesis.md (thesis-quick.md for the quick suites), written whole or not at all."""
+    found = collect(Path(results_dir), quick)
+    out = Path(results_dir) / ("thesis-quick.md" if quick else "thesis.md")
+    atomic_write_text(out, render(found, quick))
+    return out, found
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results_dir", help="results root holding the suites (e.g. results/reference)")
+    p.add_argument("--quick", action="store_true", help="the quick suites (<suite>-quick) instead of the full ones")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not Path(args.results_dir).is_dir():
+        raise ConfigError(f"results folder {args.results_dir} does not exist; give one that `psbench bench` wrote")
+    out, found = write(Path(args.results_dir), args.quick)
+    for f in found:
+        print(f"{f.verdict:>15}  {f.finding}  [{f.suite}]")
+    print(f"thesis: {out}")
+    return 0

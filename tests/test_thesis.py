@@ -1,0 +1,112 @@
+"""The thesis' verdicts (bench/report/thesis.py) on suites whose answers are known, written through
+the real Recorder, and the paired statistics behind them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import pearsonr
+
+from psbench.bench.cli import main
+from psbench.bench.harness.results import load_suite
+from psbench.bench.report import thesis
+from psbench.bench.report.stats import paired_diff_ci, paired_ratio_ci, paired_variance_ratio, variance_ratio
+from psbench.core.spec import RunSpec
+from report_fixtures import fake_run
+
+
+# ---- paired statistics ---------------------------------------------------------------------------
+
+def test_paired_variance_ratio_finds_a_real_reduction():
+    """Runs share a seed effect (initial weights, batch order); the treatment's own noise differs."""
+    rng = np.random.default_rng(0)
+    seed_effect = rng.normal(0, 0.3, 20)
+    noisy = seed_effect + rng.normal(0, 0.6, 20)
+    calm = seed_effect + rng.normal(0, 0.1, 20)
+    paired = paired_variance_ratio(noisy, calm)
+    assert paired.p_pitman_morgan < 0.05 and paired.lo > 1
+    # Pitman–Morgan is the test of zero correlation between the pairs' sums and differences
+    assert paired.p_pitman_morgan == pytest.approx(pearsonr(noisy + calm, noisy - calm).pvalue)
+    assert paired.ratio == pytest.approx(variance_ratio(noisy, calm).ratio)  # the same ratio, a paired interval
+
+
+def test_paired_variance_ratio_of_equal_treatments_is_not_significant():
+    rng = np.random.default_rng(1)
+    seed_effect = rng.normal(0, 1.0, 20)
+    a, b = seed_effect + rng.normal(0, 0.3, 20), seed_effect + rng.normal(0, 0.3, 20)
+    vr = paired_variance_ratio(a, b)
+    assert vr.p_pitman_morgan > 0.05 and vr.lo < 1 < vr.hi
+
+
+def test_paired_ratio_counts_unreached_targets_as_infinitely_late():
+    iv = paired_ratio_ci([4.0, 5.0, np.inf, 6.0, 5.0], [2.0, 2.5, 3.0, 3.0, 2.5], "median")
+    assert iv.estimate == pytest.approx(2.0) and iv.n == 5 and iv.hi == np.inf
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_ratio_ci([1.0, 2.0], [1.0])
+    diff = paired_diff_ci([0.80, 0.81, 0.82], [0.79, 0.80, 0.81])
+    assert diff.estimate == pytest.approx(0.01) and diff.lo == pytest.approx(0.01)
+
+
+# ---- verdicts --------------------------------------------------------------------------------------
+
+def _sharding_suite(root: Path, calm: float) -> Path:
+    for strategy, spread in (("random", 0.05), ("stratified", calm)):
+        for seed in range(20):
+            spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
+                           options={"consistency": "asp"})
+            fake_run(root, "sharding", spec, step_s=0.002, final_noise=spread)
+    return root / "sharding"
+
+
+def test_sharding_verdict_follows_the_records(tmp_path):
+    calm = thesis.findings(load_suite(_sharding_suite(tmp_path / "a", calm=0.005)))
+    assert [f.verdict for f in calm] == [thesis.REPRODUCED]
+    assert "stratified" in calm[0].ours and "after Bonferroni" in calm[0].ours
+    alike = thesis.findings(load_suite(_sharding_suite(tmp_path / "b", calm=0.05)))
+    assert [f.verdict for f in alike] in ([thesis.INCONCLUSIVE], [thesis.NOT_REPRODUCED])
+    assert alike[0].verdict != thesis.REPRODUCED
+
+
+def _switch_suite(root: Path, switch_step_s: float) -> Path:
+    for seed in range(5):
+        common = dict(workload="mlp-digits", workers=4, seed=seed, batch_size=16)
+        fake_run(root, "switch", RunSpec("ddp", **common), step_s=0.004)
+        fake_run(root, "switch", RunSpec("ps", **common, options={"consistency": "asp"}), step_s=0.002)
+        fake_run(root, "switch", RunSpec("switch", **common, options={"criterion": "fixed:fraction=0.3"}),
+                 step_s=switch_step_s, switch_at=6)
+    return root / "switch"
+
+
+def test_switch_verdict_follows_the_records(tmp_path):
+    fast = thesis.findings(load_suite(_switch_suite(tmp_path / "fast", switch_step_s=0.002)))
+    assert [f.verdict for f in fast] == [thesis.REPRODUCED]
+    assert "sooner to target 2.00x" in fast[0].ours
+    slow = thesis.findings(load_suite(_switch_suite(tmp_path / "slow", switch_step_s=0.0039)))
+    assert [f.verdict for f in slow] == [thesis.NOT_REPRODUCED]
+
+
+def _sweep_suite(root: Path, ps_fall: float, spark_fall: float) -> Path:
+    for seed in range(3):
+        for system, fall in (("ps", ps_fall), ("spark-mllib", spark_fall)):
+            for batch, step_s in ((16, 0.002), (16384, 0.002 * fall)):
+                spec = RunSpec(system, "logreg-higgs-synthetic", workers=2, seed=seed, batch_size=batch)
+                fake_run(root, "sweep", spec, step_s=step_s * (1 + 0.01 * seed))
+    return root / "sweep"
+
+
+def test_kassela_verdict_follows_the_records(tmp_path):
+    shape = thesis.findings(load_suite(_sweep_suite(tmp_path / "a", ps_fall=14, spark_fall=1.2)))
+    assert [f.verdict for f in shape] == [thesis.REPRODUCED]
+    flat = thesis.findings(load_suite(_sweep_suite(tmp_path / "b", ps_fall=2, spark_fall=1.2)))
+    assert [f.verdict for f in flat] == [thesis.NOT_REPRODUCED]
+
+
+def test_thesis_command_gathers_the_suites(tmp_path, capsys):
+    _switch_suite(tmp_path, switch_step_s=0.002)
+    _sharding_suite(tmp_path, calm=0.005)
+    assert main(["thesis", str(tmp_path)]) == 0
+    text = (tmp_path / "thesis.md").read_text()
+    assert text.count("**reproduced**") == 2 and "Rules:" in text
+    assert main(["thesis", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
