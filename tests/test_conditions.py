@@ -203,7 +203,7 @@ def test_shipped_experiments_fit_the_cores():
     """`make bench` refuses no run: every shipped experiment, full and quick, plans within the cores."""
     from psbench.bench.harness.matrix import load_experiment
 
-    experiments = sorted((Path(__file__).resolve().parent.parent / "bench" / "experiments").glob("*.toml"))
+    experiments = sorted((Path(__file__).resolve().parent.parent / "bench" / "experiments").rglob("*.toml"))  # extra/ too
     assert len(experiments) >= 6
     for path in experiments:
         for quick in (False, True):
