@@ -129,6 +129,20 @@ def _wait(procs: Sequence[subprocess.Popen], descendants: Sequence[psutil.Proces
         psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
 
 
+def launcher_gone(parent_pid: int | None) -> bool:
+    """Whether the launcher that started us has died. A worker forked by the zygote has the zygote
+    as its parent, so beyond our parent, the launcher's pid is asked directly."""
+    if parent_pid is None or os.getppid() == parent_pid:
+        return False
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 class Supervisor:
     """Starts children and always stops them: `with Supervisor(log_dir) as sup: sup.spawn(...)`."""
 

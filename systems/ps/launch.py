@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from psbench.core.supervisor import Child, Supervisor, describe_exit, stop_tree
+from psbench.core.zygote import Zygote
+from psbench.core.supervisor import Child, Supervisor, describe_exit, launcher_gone, stop_tree
 from psbench.systems.common import child_env
 from psbench.systems.ps import protocol
 
@@ -56,6 +57,11 @@ class Faults:
     checkpoint_dir: str | None = None    # restart a dead shard from here (None: a dead shard stops the run)
     kill_worker: tuple[int, int] | None = None
     kill_server: tuple[int, int | None, float | None] | None = None
+
+
+# What the worker zygote imports before it forks: torch and the worker step (not the worker module
+# itself, which each child runs as __main__).
+WORKER_PRELOAD = ["torch", "numpy", "zmq", "psbench.systems.common", "psbench.systems.ps.protocol"]
 
 
 class Cluster:
@@ -111,9 +117,11 @@ class Cluster:
         except OSError:
             pass
 
+    def _env(self) -> dict[str, str]:
+        return child_env({"PSBENCH_PS_TOKEN": self.token} if self.token else None)
+
     def _spawn(self, role: str, index: int, argv: list[str]) -> Child:
-        env = child_env({"PSBENCH_PS_TOKEN": self.token} if self.token else None)
-        return self.supervisor.spawn(f"ps {role} {index}", [sys.executable, *argv], env=env, role=role, index=index,
+        return self.supervisor.spawn(f"ps {role} {index}", [sys.executable, *argv], env=self._env(), role=role, index=index,
                                      log_path=self.log_dir / f"{role}-{index}.log")
 
     def _event(self, kind: str, step: int | None = None, worker: int | None = None, **detail: Any) -> None:
@@ -255,10 +263,19 @@ class Cluster:
 
     def start_workers(self, worker_args: list[str], addresses: list[str], extra: dict[int, list[str]] | None = None) -> None:
         """Start the workers and wait until each has loaded its data and says it is ready."""
+        # One warm parent imports torch once and forks the workers (each would spend ~1 s of CPU
+        # importing it; twelve on 2 cores took ~10 s before the first step).
+        env = self._env()
+        zygote = Zygote(self.supervisor, WORKER_PRELOAD, self.log_dir / "zygote.log", env)
         for i in range(self.n_workers):
-            self._spawn("worker", i, ["-m", "psbench.systems.ps.worker", "--servers", ",".join(addresses),
-                                      "--worker-id", str(i), "--control", self.control_address,
-                                      "--parent-pid", str(os.getpid()), *worker_args, *(extra or {}).get(i, [])])
+            log_path = self.log_dir / f"worker-{i}.log"
+            proc = zygote.fork("psbench.systems.ps.worker",
+                               ["--servers", ",".join(addresses), "--worker-id", str(i), "--control",
+                                self.control_address, "--parent-pid", str(os.getpid()), *worker_args,
+                                *(extra or {}).get(i, [])], env, log_path)
+            child = self.supervisor.adopt(f"ps worker {i}", proc, log_path)
+            child.role, child.index = "worker", i
+        zygote.close_requests()
         deadline = time.monotonic() + self.ready_timeout_s
         while len(self.worker_idents) < self.n_workers:
             ident, msg = self._receive(deadline, f"{self.n_workers - len(self.worker_idents)} worker(s) to load")
@@ -319,7 +336,7 @@ class WorkerControl:
     def wait_go(self) -> float:
         self.sock.send_multipart(protocol.encode("worker_ready", worker=self.worker_id, token=self.token))
         while not self.sock.poll(500):
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            if launcher_gone(self.parent_pid):
                 raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
         msg = protocol.decode(self.sock.recv_multipart(copy=False), ops=protocol.CONTROL_OPS)
         return float(msg.extra["t0"])
@@ -331,7 +348,7 @@ class WorkerControl:
         if halted:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                if launcher_gone(self.parent_pid):
                     raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
                 time.sleep(0.05)
 

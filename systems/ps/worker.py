@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from psbench.core.supervisor import launcher_gone
 from psbench.systems.ps import protocol
 from psbench.systems.ps.partition import partition_keys
 
@@ -130,7 +131,7 @@ class KVWorker:
             if waited >= self.timeout_ms:
                 raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
                                        f"{self.timeout_ms / 1000:.0f}s")
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            if launcher_gone(self.parent_pid):
                 raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
             if waited >= next_retry:
                 self.sockets[j].send_multipart(frames, copy=False)
