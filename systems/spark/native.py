@@ -134,11 +134,11 @@ def jvm_rows(spark: Any, prep: Prepared, kind: str) -> Any:
     import pandas as pd
     from pyspark.ml.feature import VectorAssembler
 
-    key = (id(spark.sparkContext._jsc), prep.workload.dataset, prep.spec.workers, kind)
+    key = (id(spark.sparkContext._jsc), prep.data.name, len(prep.data.y_train), prep.spec.workers, kind)
     if key in _DATA:
         return _DATA[key]
-    for old in _DATA.values():
-        old.unpersist()
+    for old in _DATA.values():  # a pyspark DataFrame, or a JVM RDD (whose unpersist takes `blocking`)
+        old.unpersist() if hasattr(old, "_jdf") else old.unpersist(False)
     _DATA.clear()
     x, y = prep.data.x_train, prep.data.y_train
     names = [f"f{i}" for i in range(x.shape[1])]
@@ -223,6 +223,9 @@ class SparkNativeSystem(SparkSystem):
     def run(self, spec: RunSpec, options: NativeOptions, recorder: Recorder) -> None:
         prep = prepare(spec)
         kind = trainer_kind(prep.workload)
+        if prep.data.n_classes != 2:
+            raise ConfigError(f"spark-mllib-native: LogisticRegressionWithSGD is binary; {spec.workload} has "
+                              f"{prep.data.n_classes} classes")
         n_train = len(prep.data.y_train)
         fraction = mini_batch_fraction(prep.batch_size, spec.workers, n_train)
         if kind == "mlp" and fraction < 1.0:
@@ -254,7 +257,7 @@ class SparkNativeSystem(SparkSystem):
         sc.setJobGroup(group, f"psbench {spec.run_id}", False)
         try:
             if kind == "logreg":
-                weights, losses = self._logreg(sc, data, model, prep.lr, total, fraction)
+                weights, losses = self._logreg(sc, data, logreg_to_spark(model), prep.lr, total, fraction)
             else:
                 weights, losses = self._mlp(data, model, prep, total)
         except ConfigError:
@@ -273,13 +276,14 @@ class SparkNativeSystem(SparkSystem):
         recorder.stop_clock()
 
     @staticmethod
-    def _logreg(sc: Any, data: Any, model: torch.nn.Module, lr: float, total: int,
+    def _logreg(sc: Any, data: Any, initial: np.ndarray, lr: float, total: int,
                 fraction: float) -> tuple[np.ndarray, list[float]]:
+        """`total` mini-batch iterations of MLlib's GradientDescent from `initial` (intercept last)."""
         from pyspark.mllib.common import _py2java
         from pyspark.mllib.linalg import DenseVector
 
         opt = sc._jvm.org.apache.spark.mllib.optimization
-        init = _py2java(sc, DenseVector(logreg_to_spark(model)))  # pickled across: a JVM mllib DenseVector
+        init = _py2java(sc, DenseVector(initial))  # pickled across: a JVM mllib DenseVector
         result = opt.GradientDescent.runMiniBatchSGD(data, opt.LogisticGradient(), opt.SimpleUpdater(), float(lr),
                                                      int(total) - EXTRA_ITERATIONS, 0.0, float(fraction), init, 0.0)
         return np.array(result._1().toArray()), list(result._2())
