@@ -297,7 +297,8 @@ class SparkNativeSystem(SparkSystem):
                                                  stepSize=prep.lr, tol=0.0, seed=prep.spec.seed,
                                                  initialWeights=Vectors.dense(mlp_to_spark(model)))
         fitted = trainer.fit(data)
-        return np.array(fitted.weights.toArray()), list(fitted.summary.objectiveHistory)
+        summary = fitted.summary() if callable(fitted.summary) else fitted.summary  # a method in pyspark 4.3
+        return np.array(fitted.weights.toArray()), list(summary.objectiveHistory)
 
     @staticmethod
     def _record_steps(sc: Any, group: str, recorder: Recorder, to_clock: Any, losses: list[float], total: int,
