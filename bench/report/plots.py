@@ -281,11 +281,11 @@ def step_time_vs_fraction(res: SuiteResults, out_dir: Path) -> list[Path]:
         for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers"]):
             agg = rows.groupby("fraction")["median_step_s"].median().reset_index()
             if len(agg) < 2:
-                ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, "o", label=f"{name} (one size)",
+                ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=f"{name} (one size)",
                         **style(label, k))
                 continue
             fall = agg["median_step_s"].iloc[-1] / agg["median_step_s"].iloc[0]
-            ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, marker="o", label=f"{name} ({fall:.3g}x)",
+            ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=f"{name} ({fall:.3g}x)",
                     **style(label, k))
         ax.set_xscale("log")
         ax.set_yscale("log")
