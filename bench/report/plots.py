@@ -35,6 +35,7 @@ PALETTE: dict[str, str] = {
     "horovod": "#2ca02c",
     "spark-mllib": "#d62728",
     "spark-barrier": "#9467bd",
+    "spark-mllib-native": "#7f0000",  # dark red: Spark MLlib, its own JVM trainer
     "spark-torch": "#8c564b",
     "spark": "#8c564b",
     "switch": "#e377c2",
