@@ -133,12 +133,13 @@ def jvm_rows(spark: Any, prep: Prepared, kind: str) -> Any:
     MLlib's GeneralizedLinearAlgorithm appends), for the MLP a DataFrame (features, label)."""
     import pandas as pd
     from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import DataFrame
 
     key = (id(spark.sparkContext._jsc), prep.data.name, len(prep.data.y_train), prep.spec.workers, kind)
     if key in _DATA:
         return _DATA[key]
     for old in _DATA.values():  # a pyspark DataFrame, or a JVM RDD (whose unpersist takes `blocking`)
-        old.unpersist() if hasattr(old, "_jdf") else old.unpersist(False)
+        old.unpersist() if isinstance(old, DataFrame) else old.unpersist(False)
     _DATA.clear()
     x, y = prep.data.x_train, prep.data.y_train
     names = [f"f{i}" for i in range(x.shape[1])]
