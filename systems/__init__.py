@@ -35,6 +35,10 @@ REGISTRY: dict[str, Entry] = {
     "spark-mllib": Entry("psbench.systems.spark.mllib:SparkMllibSystem",
                          "Spark MLlib-style: one Spark job per mini-batch (broadcast weights, treeAggregate gradients)",
                          needs=("pyspark",), java=True),
+    "spark-mllib-native": Entry("psbench.systems.spark.native:SparkNativeSystem",
+                                "Spark MLlib's own JVM trainers: LogisticRegressionWithSGD's GradientDescent "
+                                "(miniBatchFraction), MultilayerPerceptronClassifier (gd)",
+                                needs=("pyspark",), java=True),
     "spark-barrier": Entry("psbench.systems.spark.barrier:SparkBarrierSystem",
                            "Spark barrier mode: N long-running tasks exchanging gradients with "
                            "BarrierTaskContext.allGather", needs=("pyspark",), java=True),

@@ -115,8 +115,9 @@ def test_plots_draw_only_what_the_data_supports(suite, tmp_path):
             shutil.copytree(run, only_single / run.name)
     drawn = build_report(only_single).plots
     told = load_suite(only_single).steps[STEP_TIME_COLUMNS].notna().any().any()  # once `single` records its parts
-    # 1 worker, 2 batch sizes, no PS
-    assert set(drawn) == {"step_time_vs_batch", "time_to_accuracy"} | ({"time_breakdown"} if told else set())
+    # 1 worker, 2 batch sizes (so 2 fractions of the data, from shards.json), no PS
+    assert set(drawn) == ({"step_time_vs_batch", "step_time_vs_fraction", "time_to_accuracy"}
+                          | ({"time_breakdown"} if told else set()))
     assert "single" in (only_single / "report.md").read_text()
 
 

@@ -132,6 +132,28 @@ def load_higgs_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
     return make_synthetic(seed, n_samples=20000, n_features=28, n_classes=2, name="higgs-synthetic")
 
 
+HIGGS_1M_ROWS = 1_000_000
+
+
+def load_higgs_1m(seed: int, data_dir: Path | None = None) -> Dataset:
+    """HIGGS-shaped (28 features, 2 classes) at HIGGS' own order of size, 1 M rows (800k train):
+    large enough that a mini-batch can range from 100 % of the data down to 0.01 % (80 examples),
+    as Kassela et al. (2019) varied MLlib's miniBatchFraction. Generated once (~10 s) and cached,
+    since every worker process loads it."""
+    cached = cache_dir() / f"higgs-1m-rows{HIGGS_1M_ROWS}.npz"
+    if cached.is_file():
+        with np.load(cached) as arrays:
+            x, y = arrays["x"], arrays["y"]
+    else:
+        from sklearn.datasets import make_classification
+
+        x, y = make_classification(n_samples=HIGGS_1M_ROWS, n_features=28, n_informative=14, n_redundant=7,
+                                   n_classes=2, n_clusters_per_class=2, class_sep=1.0, random_state=0)
+        x, y = _standardise(x.astype(np.float32)).astype(np.float32), y.astype(np.int64)
+        _save_npz_atomically(cached, x=x, y=y)
+    return _split("higgs-1m", x, y, 2, seed)
+
+
 def load_skewed_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
     return make_synthetic(seed, n_samples=4000, n_features=32, n_classes=10, label_skew=0.3,
                           name="skewed-synthetic")
@@ -240,6 +262,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     # larger MNIST-1D for sharding: 12 workers each get enough examples that shard balance matters
     "mnist1d-20k": functools.partial(load_mnist1d, n_samples=20000),
     "higgs-synthetic": load_higgs_synthetic,
+    "higgs-1m": load_higgs_1m,
     "skewed-synthetic": load_skewed_synthetic,
     "cifar-synthetic": load_cifar_synthetic,
     "mnist": load_mnist_idx,

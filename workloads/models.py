@@ -19,13 +19,22 @@ class LogisticRegression(nn.Module):
         return self.linear(x.flatten(1))
 
 
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid}
+
+
 class MLP(nn.Module):
-    def __init__(self, input_shape: tuple[int, ...], n_classes: int, hidden: tuple[int, ...] = (128, 64)):
+    """Fully connected layers; `activation` sigmoid is the thesis' 28-15-15-2 MLP and what Spark's
+    MultilayerPerceptronClassifier computes in its hidden layers."""
+
+    def __init__(self, input_shape: tuple[int, ...], n_classes: int, hidden: tuple[int, ...] = (128, 64),
+                 activation: str = "relu"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"mlp activation '{activation}' is not one of {', '.join(ACTIVATIONS)}")
         layers: list[nn.Module] = []
         width = math.prod(input_shape)
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
+            layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
             width = h
         layers.append(nn.Linear(width, n_classes))
         self.net = nn.Sequential(*layers)

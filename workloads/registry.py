@@ -56,6 +56,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              description="logistic regression on a HIGGS-shaped synthetic binary problem (Kassela 2019)"),
     Workload("mlp-higgs-synthetic", "higgs-synthetic", "mlp", OptimizerSettings(0.05, 0.9), 64, 2, 0.75,
              description="small MLP on the HIGGS-shaped synthetic problem (Kassela 2019)"),
+    # Kassela et al. (2019) at size: plain SGD (MLlib's GradientDescent has no momentum)
+    Workload("logreg-higgs-1m", "higgs-1m", "logreg", OptimizerSettings(0.5, 0.0), 400, 1, 0.70,
+             description="logistic regression on 1 M HIGGS-shaped rows (mini-batch 100 %..0.01 %: Kassela 2019)"),
+    Workload("mlp-higgs-1m", "higgs-1m", "mlp", OptimizerSettings(0.5, 0.0), 400, 1, 0.70,
+             model_options={"hidden": (15, 15), "activation": "sigmoid"},
+             description="the thesis' 28-15-15-2 sigmoid MLP on 1 M HIGGS-shaped rows (Kassela 2019)"),
     Workload("mlp-wide-synthetic", "higgs-synthetic", "mlp", OptimizerSettings(0.02, 0.9), 64, 1, 0.70,
              model_options={"hidden": (1024, 1024)},
              description="wide MLP (1.08 M params, 4.3 MB) on HIGGS-shaped data: communication-bound runs"),

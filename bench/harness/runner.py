@@ -55,6 +55,9 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False) -> PlannedRun:
         raise ConfigError(f"--budget (a global budget for asynchronous training) applies to systems with a global "
                           f"step: {', '.join(n for n in names() if getattr(get_system(n), 'global_budget', False))}; "
                           f"'{spec.system}' takes --max-steps or --epochs per worker")
+    check = getattr(system_cls, "check_spec", None)
+    if check is not None:  # what a system cannot train at all (e.g. no native trainer for a model)
+        check(spec, options, workload, device, stragglers)
     conditions = cpu_budget(spec, system_cls, options, device, stragglers, allow_oversubscribe)
     return PlannedRun(spec, system_cls, options, conditions)
 
@@ -90,7 +93,8 @@ def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers
     processes (system_cls.extra_cpu: PS shards, a Spark driver). More than this machine's cores is
     refused, or recorded as oversubscribed with allow_oversubscribe."""
     cores = os.cpu_count() or 1
-    if device is None:
+    paced = getattr(system_cls, "paces_steps", True)  # False: a JVM's inner loop, which no pacer can sleep
+    if device is None or not paced:
         # compute-bound workers keep a core each and push as fast as they can
         share, steps_per_s, n_params = 1.0, float("inf"), 0
     else:
@@ -109,6 +113,8 @@ def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers
                   "stragglers": stragglers.text if stragglers is not None else None,
                   "worker_compute_share": round(share, 4), "cpu_demand": round(demand, 3), "cores": cores,
                   "oversubscribed": demand > cores + 1e-9}
+    if device is not None and not paced:
+        conditions["emulate_device_applied"] = False
     if conditions["oversubscribed"] and not allow_oversubscribe:
         hint = ("an emulated device (--emulate-device step_ms=20) so workers sleep most of each step, "
                 if device is None else "a slower emulated device, ")

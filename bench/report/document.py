@@ -33,6 +33,9 @@ PLOT_CAPTIONS = {
                              "Method) against the number of workers.",
     "ps_vs_peers": "Samples/s of our parameter server (ps) and the peer parameter servers on Ray (ray-ps) and "
                    "torch.distributed.rpc (rpc-ps) against the number of workers.",
+    "step_time_vs_fraction": "Time per mini-batch against the mini-batch as a fraction of the training rows, "
+                             "log-log (Kassela et al. 2019 varied MLlib's miniBatchFraction); the legend gives "
+                             "each system's fall, largest ÷ smallest fraction.",
     "step_time_vs_batch": "Time per mini-batch against mini-batch size, log-log. Kassela et al. (2019): the PS's "
                           "per-mini-batch cost fell up to 14x as batches shrank, Spark MLlib's at most 1.36x.",
     "time_to_accuracy": "Validation accuracy against training wall time (evaluation time excluded).",
@@ -233,6 +236,24 @@ def batch_sweep_table(res: SuiteResults) -> pd.DataFrame:
         row["cost fall (largest ÷ smallest)"] = by_batch.iloc[-1] / by_batch.iloc[0]
         row["per-example cost ratio"] = ((by_batch.iloc[0] / by_batch.index[0])
                                          / (by_batch.iloc[-1] / by_batch.index[-1]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fall_table(res: SuiteResults) -> pd.DataFrame:
+    """measures.batch_fall_ratios, formatted: fractions in %, times in ms."""
+    falls = measures.batch_fall_ratios(res)
+    if falls.empty:
+        return falls
+    rows = []
+    for r in falls.to_dict("records"):
+        row = {"workload": r["workload"], "system": r["system"], "workers": r["workers"],
+               "fractions": f"{r['largest_fraction']:.2%} → {r['smallest_fraction']:.4%}",
+               "ms/step at largest": r["largest_step_s"] * 1000, "ms/step at smallest": r["smallest_step_s"] * 1000,
+               "fall ratio": f"{r['fall_ratio']:.3g} [{r['lo']:.3g}, {r['hi']:.3g}]", "n": r["n"]}
+        for end in ("largest", "smallest"):
+            row[f"compute/emul/comm/wait ms at {end}"] = " / ".join(
+                "–" if _missing(r[f"{end}_{c}"]) else f"{r[f'{end}_{c}'] * 1000:.3g}" for c in STEP_TIME_COLUMNS)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -606,6 +627,10 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
     table("Per-mini-batch cost vs batch size", batch,
           "Median time between a worker's consecutive mini-batches (launch and start-up excluded) at the smallest "
           "and largest batch size of each variant, median over runs.")
+    table("Mini-batch fall ratio (Kassela et al. 2019)", fall_table(res),
+          measures.FALL_RULE.capitalize() + ". Fractions: the global mini-batch over the training rows. Target "
+          "(the thesis): the PS's time falls >= 10x over the range, Spark MLlib's <= 1.5x; the parts at both "
+          "ends (ms per step, median) say why a time does or does not fall.")
     table("Parameter servers: ours vs peers", peers_table(res),
           "`ps` beside `ray-ps` (Ray actors as shards and workers, Ray's parameter-server example) and `rpc-ps` "
           "(torch.distributed.rpc, PyTorch's parameter-server tutorials), run alike: same workload, data shards, "

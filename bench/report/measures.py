@@ -36,6 +36,7 @@ BYTES_SOURCE = {
     "horovod": "computed (ring allreduce of the model size)",
     "spark-torch": "computed (ring allreduce of the model size)",
     "spark-mllib": "computed (model size: broadcast + treeAggregate)",
+    "spark-mllib-native": "computed (float64 weights broadcast + gradient treeAggregate)",
     "switch": "computed in the sync phase, measured in the async phase",
     "ray-ps": "computed (gradients out, parameters back: twice the model size)",
     "rpc-ps": "computed (gradients out, parameters back: twice the model size)",
@@ -123,21 +124,82 @@ def _tta_with_costs(run: pd.Series) -> float:
     return total
 
 
+def step_intervals(steps: pd.DataFrame) -> pd.Series:
+    """One run's seconds between a worker's consecutive steps, after warm-up (index: the step rows)."""
+    kept = warmup_mask(steps)
+    ordered = steps.sort_values(["worker", "step"])
+    interval = ordered.groupby("worker")["t_wall"].diff().reindex(steps.index)
+    return interval[kept].dropna()
+
+
+def batch_fractions(res: SuiteResults) -> pd.Series:
+    """Per run (index run_id): its global mini-batch (batch_size x workers) as a fraction of the
+    training rows (from shards.json's class counts, or the manifest's mini_batch_fraction for a
+    system that shards nothing itself, e.g. spark-mllib-native); capped at 1."""
+    n_train = res.shard_counts.groupby("run_id")["count"].sum() if len(res.shard_counts) else pd.Series(dtype=float)
+    out = {}
+    for run in res.runs.itertuples():
+        extra = (res.manifests.get(run.run_id) or {}).get("extra") or {}
+        if run.run_id in n_train.index and n_train[run.run_id] > 0:
+            out[run.run_id] = min(1.0, run.batch_size * run.workers / float(n_train[run.run_id]))
+        else:
+            out[run.run_id] = _num(extra.get("mini_batch_fraction"))
+    return pd.Series(out, dtype=float)
+
+
+FALL_RULE = ("fall ratio = mean time per mini-batch (a worker's step interval after warm-up) at the largest "
+             "batch ÷ at the smallest, per system and workload; 95% bootstrap interval resampling the two runs' "
+             "step intervals independently; n = the smaller number of intervals")
+
+
+def batch_fall_ratios(res: SuiteResults) -> pd.DataFrame:
+    """Per system (label), workload and worker count with >= 2 batch sizes: the mini-batch fractions
+    at both ends, the mean per-mini-batch time there, the fall ratio largest ÷ smallest with its
+    interval and n (FALL_RULE), and the median compute / emulated / comm / wait seconds per step at
+    both ends (why a time does or does not fall). One seed per batch size is pooled over seeds."""
+    from psbench.bench.report.stats import ratio_ci
+
+    if res.runs.empty or res.steps.empty:
+        return pd.DataFrame()
+    fractions = batch_fractions(res)
+    by_run = dict(tuple(res.steps.groupby("run_id")))
+    rows = []
+    for (label, workload, workers), group in res.runs.groupby(["label", "workload", "workers"], sort=True):
+        group = group[group["run_id"].isin(by_run)]
+        if group["batch_size"].nunique() < 2:
+            continue
+        ends = {"largest": group["batch_size"].max(), "smallest": group["batch_size"].min()}
+        row: dict[str, Any] = {"system": label, "workload": workload, "workers": int(workers)}
+        gaps = {}
+        for end, batch in ends.items():
+            ids = group.loc[group["batch_size"] == batch, "run_id"]
+            steps = pd.concat([by_run[i] for i in ids])
+            gaps[end] = pd.concat([step_intervals(by_run[i]) for i in ids]).to_numpy()
+            row[f"{end}_batch"] = int(batch)
+            row[f"{end}_fraction"] = float(fractions.reindex(ids).median())
+            row[f"{end}_step_s"] = float(np.mean(gaps[end])) if len(gaps[end]) else math.nan
+            kept = steps[pd.concat([warmup_mask(by_run[i]) for i in ids])]
+            for col in STEP_TIME_COLUMNS:
+                values = kept[col].dropna()
+                row[f"{end}_{col}"] = float(values.median()) if len(values) else math.nan
+        interval = ratio_ci(gaps["largest"], gaps["smallest"])
+        row.update(fall_ratio=interval.estimate, lo=interval.lo, hi=interval.hi, n=interval.n)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def time_breakdown(res: SuiteResults) -> pd.DataFrame:
     """One row per run: the median seconds per step of each part (compute, emulated, comm, wait),
     the median step interval, and the slowest worker's median step ÷ the median worker's, all after
     warm-up. Parts a system cannot tell stay nan."""
     rows = []
     for run_id, steps in res.steps.groupby("run_id"):
-        kept = warmup_mask(steps)
-        ordered = steps.sort_values(["worker", "step"])
-        interval = ordered.groupby("worker")["t_wall"].diff().reindex(steps.index)
-        after = steps[kept]
+        after = steps[warmup_mask(steps)]
         row: dict[str, Any] = {"run_id": run_id}
         for col in STEP_TIME_COLUMNS:
             values = after[col].dropna()
             row[col] = float(values.median()) if len(values) else math.nan
-        gaps = interval[kept].dropna()
+        gaps = step_intervals(steps)
         row["step_s"] = float(gaps.median()) if len(gaps) else math.nan
         per_worker = gaps.groupby(steps.loc[gaps.index, "worker"]).median()
         row["slowest_ratio"] = float(per_worker.max() / per_worker.median()) if len(per_worker) and \

@@ -35,6 +35,7 @@ PALETTE: dict[str, str] = {
     "horovod": "#2ca02c",
     "spark-mllib": "#d62728",
     "spark-barrier": "#9467bd",
+    "spark-mllib-native": "#7f0000",  # dark red: Spark MLlib, its own JVM trainer
     "spark-torch": "#8c564b",
     "spark": "#8c564b",
     "switch": "#e377c2",
@@ -263,6 +264,37 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
 
     return facet_figure(res, out_dir, "step_time_vs_batch",
                         f"Per-mini-batch time vs batch size (log-log{note}; cf. Kassela et al. 2019)",
+                        sorted(runs["workload"].unique()), draw)
+
+
+def step_time_vs_fraction(res: SuiteResults, out_dir: Path) -> list[Path]:
+    """Per-mini-batch time vs the mini-batch as a fraction of the data, log-log (Kassela et al. 2019
+    vary MLlib's miniBatchFraction); a system's legend gives its fall ratio (largest ÷ smallest)."""
+    from psbench.bench.report.measures import batch_fractions
+
+    runs = res.runs.dropna(subset=["median_step_s"]).copy()
+    runs["fraction"] = runs["run_id"].map(batch_fractions(res))
+    runs = runs.dropna(subset=["fraction"])
+    if runs.empty or runs.groupby("label")["fraction"].nunique().max() < 2:
+        return []
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers"]):
+            agg = rows.groupby("fraction")["median_step_s"].median().reset_index()
+            if len(agg) < 2:
+                ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=f"{name} (one size)",
+                        **style(label, k))
+                continue
+            fall = agg["median_step_s"].iloc[-1] / agg["median_step_s"].iloc[0]
+            ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=f"{name} ({fall:.3g}x)",
+                    **style(label, k))
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set(title=workload, xlabel="mini-batch (% of the training rows)", ylabel="time per mini-batch (ms)")
+        legend(ax, title="system (largest ÷ smallest)")
+
+    return facet_figure(res, out_dir, "step_time_vs_fraction",
+                        "Per-mini-batch time vs mini-batch fraction (log-log; cf. Kassela et al. 2019)",
                         sorted(runs["workload"].unique()), draw)
 
 
@@ -550,6 +582,7 @@ PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {
     "throughput_vs_workers": throughput_vs_workers,
     "ps_vs_peers": ps_vs_peers,
     "step_time_vs_batch": step_time_vs_batch,
+    "step_time_vs_fraction": step_time_vs_fraction,
     "time_to_accuracy": time_to_accuracy,
     "scaling_efficiency": scaling_efficiency,
     "staleness_hist": staleness_hist,

@@ -1,0 +1,323 @@
+"""spark-mllib-native: Spark's own JVM trainers, as the thesis ran them (no Python in the loop).
+
+- logreg workloads: MLlib's `GradientDescent.runMiniBatchSGD` with `LogisticGradient` and
+  `SimpleUpdater` (step / sqrt(iteration)) and `miniBatchFraction` = the run's global mini-batch /
+  training rows: exactly what `pyspark.mllib.classification.LogisticRegressionWithSGD.train(...,
+  regParam=0, regType=None, intercept=True)` runs inside (still in pyspark 4.3, deprecated since 2.0).
+  It is called directly so that (a) it starts from the run's torch initial weights like every other
+  system (the Python API forces the intercept to 1.0), (b) its per-iteration loss history comes
+  back, and (c) the rows reach it as a JVM RDD built from a DataFrame (Arrow), not pickled one by one.
+  tests/test_spark_native.py checks it gives LogisticRegressionWithSGD.train's weights.
+- sigmoid MLP workloads: `pyspark.ml.classification.MultilayerPerceptronClassifier(solver="gd")`.
+  Its GradientDescent runs with miniBatchFraction 1.0 and does not expose it, so a run must take
+  every training row per iteration (a smaller mini-batch is a ConfigError).
+- Anything else (cnn, resnet, relu MLPs) has no native trainer here: a ConfigError says so.
+
+Per-iteration times come from Spark's status store (the data its UI shows): every iteration is one
+`treeAggregate at GradientDescent` job; a step row per partition (worker) per iteration carries the
+job's completion time on the run's clock, the partition task's run time (sampling pass + gradient)
+as compute_s, the wait for the slowest partition task as wait_s, and the rest of the iteration
+(scheduling, the final aggregate, broadcast, the driver's update) as comm_s. Evaluation loads the
+trained weights into the workload's torch model and runs systems/common.py's evaluate_splits, at
+step 0 and at the end (the JVM runs all iterations in one call). An emulated device cannot pace the
+JVM's inner loop: it is not applied (the manifest's conditions say emulate_device_applied: false,
+and the CPU budget counts each task slot as a busy core); stragglers are refused.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from psbench.core.errors import ConfigError
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+from psbench.systems.common import Prepared, evaluate_splits, prepare, record_evals
+from psbench.systems.spark.partitions import clock_mapper, common_steps
+from psbench.systems.spark.session import SparkOptions, SparkSystem, error_line, start_session
+
+ITERATION_JOB = "treeAggregate at GradientDescent"  # the call site of one iteration's job
+# Spark 4.3's GradientDescent runs numIterations + 1 mini-batches (measured: numIterations=5 gives six
+# iteration jobs and six losses), so a run of `total` steps asks for total - 1.
+EXTRA_ITERATIONS = 1
+
+
+@dataclass(frozen=True)
+class NativeOptions(SparkOptions):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fail_at_step >= 0:
+            raise ConfigError("option fail_at_step: spark-mllib-native runs Spark's own trainer, which has no "
+                              "hook to fail a task; use spark-mllib for fault injection")
+
+
+def trainer_kind(workload: Any) -> str:
+    """'logreg' or 'mlp': which native trainer a workload maps to, or a ConfigError saying why none."""
+    if workload.model == "logreg":
+        return "logreg"
+    if workload.model == "mlp" and workload.model_options.get("activation") == "sigmoid":
+        return "mlp"
+    what = ("a relu MLP (MultilayerPerceptronClassifier's hidden layers are sigmoid)" if workload.model == "mlp"
+            else f"model '{workload.model}'")
+    raise ConfigError(f"spark-mllib-native has no Spark MLlib trainer for workload '{workload.name}' ({what}); "
+                      "it trains logreg workloads (LogisticRegressionWithSGD's GradientDescent) and sigmoid MLPs "
+                      "(MultilayerPerceptronClassifier), e.g. logreg-higgs-1m, mlp-higgs-1m")
+
+
+def mini_batch_fraction(batch_size: int, workers: int, n_train: int) -> float:
+    """MLlib's miniBatchFraction for a per-worker batch: the global batch over the training rows."""
+    return min(1.0, batch_size * workers / n_train)
+
+
+# ---- weights between torch and Spark's layouts ----------------------------------------------
+
+def logreg_to_spark(model: torch.nn.Module) -> np.ndarray:
+    """A 2-class softmax regression (W: 2 x d, b: 2) as MLlib's binary weights with the intercept
+    appended last: softmax([z0, z1])[1] = sigmoid(z1 - z0), so w = W1 - W0, b = b1 - b0."""
+    w, b = model.linear.weight.detach().double().numpy(), model.linear.bias.detach().double().numpy()
+    return np.concatenate([w[1] - w[0], [b[1] - b[0]]])
+
+
+@torch.no_grad()
+def logreg_from_spark(model: torch.nn.Module, weights: np.ndarray) -> None:
+    d = model.linear.weight.shape[1]
+    model.linear.weight.zero_()
+    model.linear.bias.zero_()
+    model.linear.weight[1] = torch.from_numpy(np.asarray(weights[:d], dtype=np.float32))
+    model.linear.bias[1] = float(weights[d])
+
+
+def _linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def mlp_to_spark(model: torch.nn.Module) -> np.ndarray:
+    """Spark's ann layout: per affine layer, W (out x in) column-major, then b."""
+    parts = []
+    for layer in _linears(model):
+        parts += [layer.weight.detach().double().numpy().T.reshape(-1), layer.bias.detach().double().numpy()]
+    return np.concatenate(parts)
+
+
+@torch.no_grad()
+def mlp_from_spark(model: torch.nn.Module, weights: np.ndarray) -> None:
+    offset = 0
+    for layer in _linears(model):
+        n_out, n_in = layer.weight.shape
+        w = np.asarray(weights[offset:offset + n_out * n_in]).reshape(n_in, n_out).T
+        offset += n_out * n_in
+        layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))
+        layer.bias.copy_(torch.from_numpy(np.asarray(weights[offset:offset + n_out], dtype=np.float32)))
+        offset += n_out
+    if offset != len(weights):
+        raise ValueError(f"{len(weights)} Spark weights for an MLP that holds {offset}")
+
+
+def mlp_layers(model: torch.nn.Module) -> list[int]:
+    linears = _linears(model)
+    return [linears[0].in_features] + [layer.out_features for layer in linears]
+
+
+# ---- the training rows in the JVM --------------------------------------------------------------
+
+_DATA: dict[tuple, Any] = {}
+
+
+def jvm_rows(spark: Any, prep: Prepared, kind: str) -> Any:
+    """The training rows in Spark, one partition per worker, cached and reused by later runs on the
+    same session and dataset: for logreg a JVM RDD[(label, features + 1.0)] (the intercept column
+    MLlib's GeneralizedLinearAlgorithm appends), for the MLP a DataFrame (features, label)."""
+    import pandas as pd
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import DataFrame
+
+    key = (id(spark.sparkContext._jsc), prep.data.name, len(prep.data.y_train), prep.spec.workers, kind)
+    if key in _DATA:
+        return _DATA[key]
+    for old in _DATA.values():  # a pyspark DataFrame, or a JVM RDD (whose unpersist takes `blocking`)
+        old.unpersist() if isinstance(old, DataFrame) else old.unpersist(False)
+    _DATA.clear()
+    x, y = prep.data.x_train, prep.data.y_train
+    names = [f"f{i}" for i in range(x.shape[1])]
+    columns = {name: x[:, i].astype(np.float64) for i, name in enumerate(names)}
+    if kind == "logreg":
+        columns["intercept"] = np.ones(len(x))
+        names.append("intercept")
+    columns["label"] = y.astype(np.float64)
+    spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+    frame = spark.createDataFrame(pd.DataFrame(columns)).coalesce(prep.spec.workers)
+    frame = VectorAssembler(inputCols=names, outputCol="features").transform(frame).select("features", "label")
+    if kind == "mlp":
+        data = frame.cache()
+        data.count()
+    else:
+        from pyspark.mllib.util import MLUtils
+
+        old = MLUtils.convertVectorColumnsFromML(frame, "features").cache()
+        jvm = spark.sparkContext._jvm
+        # Spark's own conversions, no Python per row: RowMatrix's rows (RDD[Vector]) and the label
+        # column as RDD[Double], zipped partition by partition into RDD[(Double, Vector)].
+        features = jvm.org.apache.spark.mllib.api.python.PythonMLLibAPI().createRowMatrix(
+            old.select("features")._jdf, len(x), x.shape[1] + 1).rows()
+        labels = getattr(old.select("label")._jdf, "as")(jvm.org.apache.spark.sql.Encoders.DOUBLE()).rdd()
+        data = labels.toJavaRDD().zip(features.toJavaRDD()).rdd().cache()
+        data.count()
+        old.unpersist()
+    _DATA[key] = data
+    return data
+
+
+# ---- per-iteration timings from Spark's status store ------------------------------------------
+
+def iteration_timings(sc: Any, group: str) -> list[dict[str, Any]]:
+    """One dict per GradientDescent iteration job of `group`, in order: submitted/completed (epoch
+    s), and per partition (the stage with one task per partition) its task's run time."""
+    jsc = sc._jsc.sc()
+    jsc.listenerBus().waitUntilEmpty(30_000)  # the store is filled by an asynchronous listener
+    store = jsc.statusStore()
+    out = []
+    for job_id in sorted(sc.statusTracker().getJobIdsForGroup(group)):
+        job = store.job(job_id)
+        if not str(job.name()).startswith(ITERATION_JOB):
+            continue
+        stage_ids = sorted(job.stageIds().apply(i) for i in range(job.stageIds().length()))
+        stages = [store.lastStageAttempt(s) for s in stage_ids]
+        first = max(stages, key=lambda st: st.numTasks())  # the partitions' stage (the last one is 1 task)
+        tasks = store.taskList(first.stageId(), first.attemptId(), 100_000)
+        run_s = {}
+        for i in range(tasks.length()):
+            task = tasks.apply(i)
+            metrics = task.taskMetrics()
+            run_s[int(task.index())] = metrics.get().executorRunTime() / 1e3 if metrics.isDefined() else math.nan
+        out.append({"job_id": job_id, "submitted": job.submissionTime().get().getTime() / 1e3,
+                    "completed": job.completionTime().get().getTime() / 1e3, "task_run_s": run_s})
+    return out
+
+
+class SparkNativeSystem(SparkSystem):
+    name = "spark-mllib-native"
+    Options = NativeOptions
+    paces_steps = False  # the iterations run inside the JVM: no emulated device or straggler can pace them
+
+    @staticmethod
+    def extra_cpu(options: SparkOptions, steps_per_s: float, n_params: int) -> float:
+        # The Python driver only waits on the JVM call, and the JVM driver's work (broadcast, the final
+        # aggregate, the update) lies between an iteration's stages, when the task slots are idle.
+        return 0.0
+
+    @staticmethod
+    def check_spec(spec: RunSpec, options: NativeOptions, workload: Any, device: Any, stragglers: Any) -> None:
+        trainer_kind(workload)
+        if spec.max_steps is not None and spec.max_steps < 1 + EXTRA_ITERATIONS:
+            raise ConfigError(f"spark-mllib-native needs --max-steps >= {1 + EXTRA_ITERATIONS} (Spark's GradientDescent "
+                              f"runs numIterations + {EXTRA_ITERATIONS} mini-batches), got {spec.max_steps}")
+        if stragglers is not None:
+            raise ConfigError("spark-mllib-native cannot apply --stragglers: its iterations run inside Spark's "
+                              "JVM trainer, which no pacer can slow; use spark-mllib for straggler runs")
+        if spec.budget is not None:
+            raise ConfigError("spark-mllib-native takes --max-steps or --epochs (iterations), not --budget")
+
+    def run(self, spec: RunSpec, options: NativeOptions, recorder: Recorder) -> None:
+        prep = prepare(spec)
+        kind = trainer_kind(prep.workload)
+        if prep.data.n_classes != 2:
+            raise ConfigError(f"spark-mllib-native: LogisticRegressionWithSGD is binary; {spec.workload} has "
+                              f"{prep.data.n_classes} classes")
+        n_train = len(prep.data.y_train)
+        fraction = mini_batch_fraction(prep.batch_size, spec.workers, n_train)
+        if kind == "mlp" and fraction < 1.0:
+            raise ConfigError(
+                f"spark-mllib-native trains {spec.workload} with MultilayerPerceptronClassifier(solver='gd'), whose "
+                f"GradientDescent takes every row each iteration (miniBatchFraction 1.0, not exposed): use a "
+                f"global batch of all {n_train} training rows (batch_size {math.ceil(n_train / spec.workers)} "
+                f"with {spec.workers} workers), got {prep.batch_size * spec.workers}")
+        session = start_session(spec, options, recorder)
+        spark, sc = session.spark, session.spark.sparkContext
+        t_data = time.perf_counter()
+        data = jvm_rows(spark, prep, kind)
+        recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
+        model, loss_fn = prep.build_model(), prep.workload.loss_fn()
+        total = common_steps(prep)
+        group = f"psbench-native-{spec.run_id}-{time.time_ns()}"
+        recorder.extra.update(native_trainer=("MLlib GradientDescent.runMiniBatchSGD + LogisticGradient + "
+                                              "SimpleUpdater (LogisticRegressionWithSGD's optimizer)" if kind == "logreg"
+                                              else "pyspark.ml MultilayerPerceptronClassifier(solver='gd')"),
+                              mini_batch_fraction=fraction, native_evals="step 0 and the end (one JVM call)",
+                              sharding_applied=False, bytes_source="computed (weights broadcast down, gradient up, "
+                                                                   "float64)")
+        if spec.emulate_device:
+            recorder.extra["emulate_device_applied"] = False
+
+        recorder.start_clock()
+        with recorder.paused():
+            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
+        sc.setJobGroup(group, f"psbench {spec.run_id}", False)
+        try:
+            if kind == "logreg":
+                weights, losses = self._logreg(sc, data, logreg_to_spark(model), prep.lr, total, fraction)
+            else:
+                weights, losses = self._mlp(data, model, prep, total)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
+            raise RuntimeError(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from None
+        finally:
+            sc.setJobGroup("", "", False)
+        to_clock = clock_mapper(recorder)
+        train_end = recorder.now()
+        (logreg_from_spark if kind == "logreg" else mlp_from_spark)(model, weights)
+        self._record_steps(sc, group, recorder, to_clock, losses, total, fraction, spec.workers, n_train,
+                           len(weights))
+        with recorder.paused():
+            record_evals(recorder, total, evaluate_splits(model, loss_fn, prep.data), t_wall=train_end)
+        recorder.stop_clock()
+
+    @staticmethod
+    def _logreg(sc: Any, data: Any, initial: np.ndarray, lr: float, total: int,
+                fraction: float) -> tuple[np.ndarray, list[float]]:
+        """`total` mini-batch iterations of MLlib's GradientDescent from `initial` (intercept last)."""
+        from pyspark.mllib.common import _py2java
+        from pyspark.mllib.linalg import DenseVector
+
+        opt = sc._jvm.org.apache.spark.mllib.optimization
+        init = _py2java(sc, DenseVector(initial))  # pickled across: a JVM mllib DenseVector
+        result = opt.GradientDescent.runMiniBatchSGD(data, opt.LogisticGradient(), opt.SimpleUpdater(), float(lr),
+                                                     int(total) - EXTRA_ITERATIONS, 0.0, float(fraction), init, 0.0)
+        return np.array(result._1().toArray()), list(result._2())
+
+    @staticmethod
+    def _mlp(data: Any, model: torch.nn.Module, prep: Prepared, total: int) -> tuple[np.ndarray, list[float]]:
+        from pyspark.ml.classification import MultilayerPerceptronClassifier
+        from pyspark.ml.linalg import Vectors
+
+        trainer = MultilayerPerceptronClassifier(layers=mlp_layers(model), solver="gd", maxIter=total - EXTRA_ITERATIONS,
+                                                 stepSize=prep.lr, tol=0.0, seed=prep.spec.seed,
+                                                 initialWeights=Vectors.dense(mlp_to_spark(model)))
+        fitted = trainer.fit(data)
+        summary = fitted.summary() if callable(fitted.summary) else fitted.summary  # a method in pyspark 4.3
+        return np.array(fitted.weights.toArray()), list(summary.objectiveHistory)
+
+    @staticmethod
+    def _record_steps(sc: Any, group: str, recorder: Recorder, to_clock: Any, losses: list[float], total: int,
+                      fraction: float, workers: int, n_train: int, n_params: int) -> None:
+        iterations = iteration_timings(sc, group)
+        if len(iterations) != total:
+            raise RuntimeError(f"spark-mllib-native: Spark ran {len(iterations)} '{ITERATION_JOB}' jobs for "
+                               f"{total} iterations")
+        expected = round(fraction * n_train / workers)  # a Bernoulli sample: its expected size per partition
+        previous = iterations[0]["submitted"]
+        for step, it in enumerate(iterations):
+            step_s = it["completed"] - previous  # from the previous iteration's end: driver work included
+            previous = it["completed"]
+            slowest = max(it["task_run_s"].values())
+            for worker in range(workers):
+                compute = it["task_run_s"].get(worker, math.nan)
+                recorder.step(worker, step, expected, losses[step] if step < len(losses) else math.nan,
+                              nbytes=n_params * 16, t_wall=to_clock(it["completed"]), compute_s=compute,
+                              emulated_s=0.0, comm_s=max(0.0, step_s - slowest), wait_s=slowest - compute)
+            recorder.event("spark_step", step=step, t_wall=to_clock(it["completed"]), job_s=it["completed"] -
+                           it["submitted"], step_s=step_s, task_run_s=sorted(it["task_run_s"].values()))
