@@ -140,17 +140,14 @@ def load_higgs_1m(seed: int, data_dir: Path | None = None) -> Dataset:
     large enough that a mini-batch can range from 100 % of the data down to 0.01 % (80 examples),
     as Kassela et al. (2019) varied MLlib's miniBatchFraction. Generated once (~10 s) and cached,
     since every worker process loads it."""
-    cached = cache_dir() / f"higgs-1m-rows{HIGGS_1M_ROWS}.npz"
-    if cached.is_file():
-        with np.load(cached) as arrays:
-            x, y = arrays["x"], arrays["y"]
-    else:
+    def make() -> tuple[np.ndarray, np.ndarray]:
         from sklearn.datasets import make_classification
 
         x, y = make_classification(n_samples=HIGGS_1M_ROWS, n_features=28, n_informative=14, n_redundant=7,
                                    n_classes=2, n_clusters_per_class=2, class_sep=1.0, random_state=0)
-        x, y = _standardise(x.astype(np.float32)).astype(np.float32), y.astype(np.int64)
-        _save_npz_atomically(cached, x=x, y=y)
+        return _standardise(x.astype(np.float32)).astype(np.float32), y.astype(np.int64)
+
+    x, y = cached_arrays(f"higgs-1m-rows{HIGGS_1M_ROWS}", make)
     return _split("higgs-1m", x, y, 2, seed)
 
 
