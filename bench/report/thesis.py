@@ -25,7 +25,7 @@ import pandas as pd
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.report import measures
 from psbench.bench.report.plots import SHARDING_GROUP, SHARDING_METRICS, _strategy_order, sharding_runs
-from psbench.bench.report.stats import Interval, paired_diff_ci, paired_ratio_ci, paired_variance_ratio, ratio_ci
+from psbench.bench.report.stats import Interval, paired_diff_ci, paired_ratio_ci, paired_variance_ratio
 from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
@@ -86,47 +86,31 @@ def _fmt_ci(iv: Interval, unit: str = "x", digits: int = 2) -> str:
 SPARK_MLLIB = ("spark-mllib-native", "spark-mllib")  # Spark's own trainers first, where run
 
 
-def fall_ratios(res: SuiteResults) -> pd.DataFrame:
-    """Per system (label), workload and workers: median per-step time of the runs at the largest
-    mini-batch ÷ at the smallest, with a bootstrap interval over the runs at each end."""
-    runs = res.runs.dropna(subset=["median_step_s", "batch_size"])
-    rows = []
-    for (label, workload, workers, conditions), group in runs.groupby(["label", "workload", "workers", "conditions"]):
-        batches = sorted(group["batch_size"].unique())
-        if len(batches) < 2:
-            continue
-        large = group.loc[group["batch_size"] == batches[-1], "median_step_s"]
-        small = group.loc[group["batch_size"] == batches[0], "median_step_s"]
-        iv = ratio_ci(large, small)
-        rows.append({"system": label, "workload": workload, "workers": workers, "conditions": conditions,
-                     "smallest batch": batches[0], "largest batch": batches[-1], "fall": iv.estimate,
-                     "lo": iv.lo, "hi": iv.hi, "n": iv.n})
-    return pd.DataFrame(rows, columns=["system", "workload", "workers", "conditions", "smallest batch",
-                                       "largest batch", "fall", "lo", "hi", "n"])
-
-
 def kassela(res: SuiteResults) -> Finding | None:
-    falls = fall_ratios(res)
+    falls = measures.batch_fall_ratios(res)
     if falls.empty or not (falls["system"] == "ps").any() or not falls["system"].isin(SPARK_MLLIB).any():
         return None
     parts, holds, fails = [], [], []
     for workload, group in falls.groupby("workload", sort=True):
         ps = group[group["system"] == "ps"]
-        spark = next((group[group["system"] == s] for s in SPARK_MLLIB if (group["system"] == s).any()), None)
-        if ps.empty or spark is None:
+        spark = [group[group["system"] == s] for s in SPARK_MLLIB if (group["system"] == s).any()]
+        if ps.empty or not spark:
             continue
-        p, s = ps.iloc[0], spark.iloc[0]
-        p_iv = Interval(int(p["n"]), p["fall"], p["lo"], p["hi"])
-        s_iv = Interval(int(s["n"]), s["fall"], s["lo"], s["hi"])
-        parts.append(f"{workload}: ps {_fmt_ci(p_iv)}, {s['system']} {_fmt_ci(s_iv)} "
-                     f"(batch {p['largest batch']}→{p['smallest batch']})")
+        p = ps.iloc[0]
+        p_iv = Interval(int(p["n"]), p["fall_ratio"], p["lo"], p["hi"])
+        text = (f"{workload}: ps {_fmt_ci(p_iv)} ({p['largest_fraction']:.2%} → {p['smallest_fraction']:.2%} "
+                f"of the data)")
+        for s in (g.iloc[0] for g in spark):
+            text += f", {s['system']} {_fmt_ci(Interval(int(s['n']), s['fall_ratio'], s['lo'], s['hi']))}"
+        parts.append(text)
+        s = spark[0].iloc[0]  # Spark's own trainers where run, else the Python re-implementation
         holds.append(p["lo"] >= PS_FALL_MIN and s["hi"] <= SPARK_FALL_MAX)
         fails.append(p["hi"] < PS_FALL_MIN or s["lo"] > SPARK_FALL_MAX)
     if not parts:
         return None
     verdict = REPRODUCED if any(holds) else NOT_REPRODUCED if all(fails) else INCONCLUSIVE
     return Finding("per-mini-batch time falls with the mini-batch for the PS, not for Spark MLlib", PAPER["kassela"],
-                   "; ".join(parts), verdict, RULES["kassela"], res.suite)
+                   "; ".join(parts) + f" ({measures.FALL_RULE})", verdict, RULES["kassela"], res.suite)
 
 
 # ---- Strategy-Switch -----------------------------------------------------------------------------
