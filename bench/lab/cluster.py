@@ -416,19 +416,23 @@ class SshHosts:
 
 
 class NetnsHosts:
-    """Every host is a namespace of a NetLab made from the file (caps included); removed on exit."""
+    """Every host is a namespace of a NetLab: one made from the file (caps included, removed on
+    exit), or, with `lab`, a lab that is already up and stays up (its owner removes it)."""
 
-    def __init__(self, cf: ClusterFile):
+    def __init__(self, cf: ClusterFile | None = None, lab=None):
         from psbench.bench.lab.netlab import NetLab
 
-        self.lab = NetLab(hosts=len(cf.hosts), caps_mbit=cf.caps())
+        self.owned = lab is None
+        self.lab = NetLab(hosts=len(cf.hosts), caps_mbit=cf.caps()) if lab is None else lab
 
     def __enter__(self) -> "NetnsHosts":
-        self.lab.up()
+        if self.owned:
+            self.lab.up()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.lab.down()
+        if self.owned:
+            self.lab.down()
 
     def addr(self, host: int) -> str:
         return self.lab.addr(host)
