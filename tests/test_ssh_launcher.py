@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,33 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def ssh_cluster_file(path: Path, lab: NetLab, config: Path, steps: int) -> Path:
-    path.write_text(textwrap.dedent(f"""
-        launcher = "ssh"
-        suite = "ssh"
-        timeout_s = 240
-        [run]
-        system = "ps"
-        workload = "mlp-digits"
-        max_steps = {steps}
-        [run.options]
-        consistency = "bsp"
-        [ssh]
-        workdir = "{ROOT}"
-        python = "{sys.executable}"
-        config = "{config}"
-        [[hosts]]
-        name = "ps"
-        address = "{lab.addr(1)}"
-        roles = ["ps-server"]
-        [[hosts]]
-        name = "w1"
-        address = "{lab.addr(2)}"
-        roles = ["worker"]
-        [[hosts]]
-        name = "w2"
-        address = "{lab.addr(3)}"
-        roles = ["worker"]
-    """))
+    from psbench.bench.lab.hosts_figures import ps_file
+
+    path.write_text(ps_file("ssh", [lab.addr(h) for h in (1, 2, 3)], str(config), steps))
     return path
 
 
@@ -79,7 +54,7 @@ def test_ssh_launcher_runs_a_ps_job_on_sshd_hosts_and_copies_the_records_back(tm
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
         assert remote_processes(lab, range(1, 4)) == []   # servers shut down, workers exited
         assert not list(ROOT.glob(".psbench-cluster/*"))  # the hosts' job folders were removed
-    (run_dir,) = [p.parent for p in (results / "ssh").glob("*/manifest.json")]
+    (run_dir,) = [p.parent for p in (results / "ps-ssh").glob("*/manifest.json")]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["spec"]["options"]["launcher"] == "ssh"
     hosts = manifest["extra"]["cluster"]["hosts"]
