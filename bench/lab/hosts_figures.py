@@ -20,6 +20,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from psbench.bench.lab.spark_cluster import free_port
 from psbench.systems.common import child_env
 
 PS_STEPS = 400  # ps-worker takes no --emulate-device: long enough runs instead
@@ -79,7 +80,7 @@ def ps_file(launcher: str, hosts: list[str], config: str, steps: int) -> str:
     return textwrap.dedent(f"""
         launcher = "{launcher}"
         suite = "ps-{launcher}"
-        port = {29700 if launcher == "local" else 29500}
+        port = {free_port() if launcher == "local" else 29500}
         [run]
         system = "ps"
         workload = "mlp-digits"
