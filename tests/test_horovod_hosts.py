@@ -28,14 +28,9 @@ def horovod_argv(lab: NetLab, config: Path, results: Path, steps: int, insecure:
             "--results-dir", str(results), "--suite", "hvd-hosts", "--no-progress", "--no-resume"]
 
 
-# Not working yet: horovodrun reaches both hosts over ssh and starts the ranks in their namespaces
-# (HOROVOD_GLOO_IFACE=veth0), but hvd.init() aborts in Horovod's bundled gloo with
-# "gloo::IoException: pair.cc:799 connect [127.0.0.1]:PORT: Connection refused" (a peer is
-# advertised at 127.0.0.1); the same with horovodrun's own interface discovery. strict: when it
-# starts passing, this marker must go.
-@pytest.mark.xfail(strict=True, reason="hvd.init across namespace hosts: gloo peer advertised at 127.0.0.1")
 def test_horovodrun_across_two_sshd_hosts_collects_one_run_folder(tmp_path: Path):
     results = tmp_path / "results"
+    before = set(Path("/tmp").glob("psbench-horovod-*-hosts"))
     with NetLab(hosts=3) as lab, SshLab(lab, hosts=[1, 2]) as ssh:
         refused = lab.run(0, horovod_argv(lab, ssh.kit.config, results, 30, insecure=False), timeout=60)
         assert refused.returncode == 2 and "insecure=true" in refused.stderr, refused.stderr[-1000:]
@@ -44,7 +39,8 @@ def test_horovodrun_across_two_sshd_hosts_collects_one_run_folder(tmp_path: Path
         leftovers = [p for h in (1, 2) for p in netlab._namespace_pids(lab.ns(h))
                      if "horovod.worker" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
         assert leftovers == []
-        assert not list(Path("/tmp").glob("psbench-horovod-*-hosts"))   # every host's job folder removed
+        assert set(Path("/tmp").glob("psbench-horovod-*-hosts")) == before   # every host's job folder removed
+    assert not Path(f"/etc/netns/{lab.ns(1)}").exists()                  # the hosts' /etc/hosts too
     (run_dir,) = [p.parent for p in (results / "hvd-hosts").glob("*/manifest.json")]
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["extra"]["horovod_hosts"] == {"hosts": f"{lab.addr(1)}:1,{lab.addr(2)}:1", "auth": "insecure"}

@@ -8,6 +8,12 @@ Nothing outside the kit's folder is read or written: no ~/.ssh, no /etc/ssh (the
     with NetLab(hosts=3) as lab, SshLab(lab, hosts=[1, 2]) as ssh:
         lab.run(0, ssh.ssh_argv(1, "hostname -I"))
 
+Each host's /etc/hosts (`ip netns exec` bind-mounts /etc/netns/<namespace>/hosts over /etc/hosts
+for the processes it starts: sshd and every session) maps this machine's hostname to that host's
+lab address, as on a real cluster. Horovod 0.28's gloo makes its device from the hostname
+(HOROVOD_GLOO_IFACE notwithstanding), and the shared /etc/hosts says 127.0.0.1: every rank would
+advertise loopback to its peers. The files are removed on exit.
+
 Needs Debian's openssh-server (/usr/sbin/sshd) and openssh-client, and root (namespaces).
 """
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -124,12 +131,14 @@ class SshLab:
         self.hosts = list(range(lab.hosts)) if hosts is None else list(hosts)
         self.kit: SshKit | None = None
         self.procs: list[subprocess.Popen] = []
+        self.netns_etc: list[Path] = []
 
     def __enter__(self) -> "SshLab":
         try:
             self.kit = SshKit([self.lab.addr(h) for h in range(self.lab.hosts)])
             Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
             for h in self.hosts:
+                self._write_hosts(h)
                 conf = self.kit.sshd_config(self.lab.addr(h), f"h{h}")
                 self.procs.append(self.lab.exec(h, [SSHD, "-D", "-e", "-f", str(conf)], stdin=subprocess.DEVNULL,
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
@@ -144,6 +153,13 @@ class SshLab:
             raise
         return self
 
+    def _write_hosts(self, host: int) -> None:
+        """/etc/netns/<ns>/hosts: localhost, and this machine's hostname at the host's lab address."""
+        folder = Path("/etc/netns") / self.lab.ns(host)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.netns_etc.append(folder)
+        (folder / "hosts").write_text(f"127.0.0.1 localhost\n{self.lab.addr(host)} {socket.gethostname()}\n")
+
     def __exit__(self, *exc) -> None:
         from psbench.core.supervisor import stop_tree
 
@@ -152,6 +168,9 @@ class SshLab:
             if proc.stderr:
                 proc.stderr.close()
         self.procs.clear()
+        for folder in self.netns_etc:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.netns_etc.clear()
         if self.kit is not None:
             self.kit.remove()
 
