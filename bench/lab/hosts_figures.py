@@ -3,7 +3,8 @@
 - Spark standalone (master + 2 workers on namespace hosts, the driver on a third) vs local[2], the
   same spark-mllib job: mean time per step (train_s / steps per worker);
 - the PS job (1 server host, 2 worker hosts, bsp) launched over ssh vs the same cluster file on
-  loopback (launcher = "local"): samples/s.
+  loopback (launcher = "local"): samples/s;
+- horovod -np 2, one rank on each of two sshd hosts vs both on localhost: samples/s.
 
     python -m psbench.bench.lab.hosts_figures --repeats 3 --out results/hosts
 
@@ -118,16 +119,41 @@ def ps_pair(repeats: int, out: Path) -> list[str]:
             f"{statistics.fmean(a) / statistics.fmean(b):.2f} |"]
 
 
+def hvd_pair(repeats: int, out: Path) -> list[str]:
+    """horovod -np 2: one rank on each of two sshd hosts (launched from a third) vs localhost:2."""
+    from psbench.bench.lab.netlab import NetLab
+    from psbench.bench.lab.sshlab import SshLab
+
+    common = [sys.executable, "-m", "psbench", "run", "--system", "horovod", "-np", "2", "--workload", "mlp-digits",
+              "--max-steps", "60", "--epochs", "1000", "--emulate-device", "step_ms=20", "--results-dir", str(out),
+              "--no-progress", "--no-resume"]
+    with NetLab(hosts=3) as lab, SshLab(lab, hosts=[1, 2]) as ssh:
+        for seed in range(repeats):
+            hosts = ["--hosts", f"{lab.addr(1)}:1,{lab.addr(2)}:1", "--ssh-config", str(ssh.kit.config),
+                     "--network-interface", "veth0", "--insecure", "true"]
+            run = lab.run(0, [*common, "--seed", str(seed), *hosts, "--suite", "hvd-hosts"], timeout=600)
+            assert run.returncode == 0, run.stderr[-2000:]
+            run = subprocess.run([*common, "--seed", str(seed), "--suite", "hvd-local"], capture_output=True,
+                                 text=True, timeout=600, env=child_env())
+            assert run.returncode == 0, run.stderr[-2000:]
+    a = [s["samples_per_s"] for s in summaries(out / "hvd-hosts")]
+    b = [s["samples_per_s"] for s in summaries(out / "hvd-local")]
+    return [f"| horovod -np 2 samples/s, 2 hosts (ssh) vs localhost:2 | {len(a)} | {interval(a)} | {interval(b)} | "
+            f"{statistics.fmean(a) / statistics.fmean(b):.2f} |"]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.hosts_figures")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("results/hosts"))
-    p.add_argument("--only", choices=["spark", "ps"])
+    p.add_argument("--only", choices=["spark", "ps", "horovod"])
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = ["| figure | n | across hosts (mean ± 95% CI) | one host | ratio |", "|---|---|---|---|---|"]
     if args.only in (None, "ps"):
         rows += ps_pair(args.repeats, args.out)
+    if args.only in (None, "horovod"):
+        rows += hvd_pair(args.repeats, args.out)
     if args.only in (None, "spark"):
         rows += spark_pair(args.repeats, args.out)
     table = "\n".join(rows)
