@@ -30,6 +30,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios against bench/regress/baselines/regress.json"),
     "ps-server": ("psbench.systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
     "ps-worker": ("psbench.systems.ps.worker", "run one parameter-server worker against running shards"),
+    "spark-cluster": ("psbench.bench.lab.spark_cluster", "a Spark standalone cluster (master + workers) on loopback or "
+                      "namespace hosts, in the foreground until Ctrl-C"),
     "ps-job": ("psbench.bench.lab.compose_job", "finish a PS job run elsewhere (docker compose): wait for the workers' "
                "bye, fetch, shut the servers down, write one run folder"),
 }

@@ -53,9 +53,11 @@ def _log_tail(job: Path, n: int = 20) -> str:
 
 
 def supervise(system: str, sup: Supervisor, job: Path, timeout_s: float,
-              rank_of: Callable[[int], int | None] = lambda i: i) -> None:
+              rank_of: Callable[[int], int | None] = lambda i: i,
+              gather: Callable[[], None] = lambda: None) -> None:
     """Wait for every process; on the first failure or at the timeout, stop them all and raise one
-    WorkerFailed naming the rank. On success nothing is left running either."""
+    WorkerFailed naming the rank. On success nothing is left running either. `gather` brings
+    files written on other hosts into `job` before a failure is described."""
     deadline = time.monotonic() + timeout_s
     children = list(sup.children)
     try:
@@ -70,6 +72,7 @@ def supervise(system: str, sup: Supervisor, job: Path, timeout_s: float,
                 while time.monotonic() < end and sup.running(children):
                     time.sleep(POLL_S)
                 sup.stop()
+                gather()
                 message = _first_error(system, job)
                 if message is None:
                     i = failed[0]
@@ -118,14 +121,18 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
 def run_job(system: str, spec: RunSpec, recorder: Recorder,
             launch: Callable[[Path, Supervisor], None],
             timeout_s: float, ranks: list[int], state_out: Path | None = None,
-            rank_of: Callable[[int], int | None] = lambda i: i) -> None:
+            rank_of: Callable[[int], int | None] = lambda i: i,
+            gather: Callable[[Path], None] | None = None) -> None:
     """Make a job directory, start the processes (`launch` spawns each with the supervisor, so a
-    failed start still stops the earlier ones), supervise them, read their records back."""
+    failed start still stops the earlier ones), supervise them, read their records back.
+    `gather(job)`, for ranks on other hosts, copies their files into the job directory first."""
     job = new_job(spec)
+    fetch = (lambda: gather(job)) if gather else (lambda: None)
     with Supervisor() as sup:
         try:
             launch(job, sup)
-            supervise(system, sup, job, timeout_s, rank_of)
+            supervise(system, sup, job, timeout_s, rank_of, fetch)
+            fetch()
             collect(job, ranks, recorder, 0 in ranks, state_out)
         finally:
             sup.stop()

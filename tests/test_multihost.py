@@ -251,7 +251,7 @@ def test_ddp_options_that_come_from_the_hosts_are_refused():
         parse('[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker", "worker"]\n', system="ddp")
 
 
-def test_ssh_launcher_builds_commands_and_never_runs_them(tmp_path: Path, capsys):
+def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
     path = write(tmp_path, """
         launcher = "ssh"
         [run]
@@ -274,10 +274,9 @@ def test_ssh_launcher_builds_commands_and_never_runs_them(tmp_path: Path, capsys
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
     assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
-    assert argv[6].startswith("cd '/opt/psbench dir' && env PSBENCH_PS_TOKEN=t0k exec .venv/bin/python -m psbench "
+    assert argv[6].startswith("cd '/opt/psbench dir' && exec env PSBENCH_PS_TOKEN=t0k .venv/bin/python -m psbench "
                               "ps-worker --servers 10.1.0.1:29500 --worker-id 0")
-    with pytest.raises(ConfigError, match="--dry-run"):
-        cluster.run_file(cf, tmp_path / "results")
+    # running it for real is tests/test_ssh_launcher.py (sshd in namespace hosts); never 10.x here
     from psbench.bench.cli import main
 
     assert main(["run", "--cluster", str(path), "--dry-run"]) == 0

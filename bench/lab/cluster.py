@@ -3,7 +3,7 @@ placed on the hosts a cluster file names. Results land in results/<suite>/<run-i
 
     launcher = "netns"        # netns: hosts are network namespaces (a NetLab made from this file)
                               # local: every host is 127.0.0.1 (tests the file and the role commands)
-                              # ssh:   real machines; only prints the per-host commands (--dry-run)
+                              # ssh:   each role over ssh on the host's address, records back by scp
     suite = "cluster"         # results/<suite>/
     port = 29500              # PS shard j listens on port + j; the DDP store on port
     timeout_s = 600
@@ -17,6 +17,7 @@ placed on the hosts a cluster file names. Results land in results/<suite>/<run-i
     user = "me"
     workdir = "/opt/psbench"  # the same checkout and venv on every host
     python = ".venv/bin/python"
+    config = "~/lab/ssh_config" # optional: `ssh -F` file (keys, known_hosts, port)
     [[hosts]]
     name = "ps0"
     address = "10.0.0.1"      # ssh only; netns/local assign addresses
@@ -28,10 +29,14 @@ placed on the hosts a cluster file names. Results land in results/<suite>/<run-i
 
 Every role is a plain psbench command: `ps-server --bind ADDR:PORT`, `ps-worker --servers ...`,
 and for DDP `run --system ddp --nnodes H --node-rank i --master-addr <first worker host>` per host.
-The workers' step rows come back through files (ps-worker --out, each node's results folder),
-which works for netns and local because every host shares this machine's file system. A real ssh
-cluster would also need: passwordless ssh, this checkout + venv at [ssh] workdir on every host,
-and the result files copied back (scp) before merging; this module only builds its commands.
+The workers' step rows come back through files (ps-worker --out, each node's results folder).
+netns and local share this machine's file system. With launcher = "ssh" each role runs as
+`ssh HOST 'cd WORKDIR && ...'` (passwordless ssh; the same checkout + venv at [ssh] workdir on
+every host), writes into its own host's folder WORKDIR/.psbench-cluster/<job>/<host name>/, and
+the files are copied back with scp before merging, as if no file system were shared; the remote
+folders are removed afterwards. A role's remote process is stopped when its ssh connection
+closes (a guard on the session's stdin), so stopping the launcher stops every host's processes.
+`--dry-run` prints the commands instead.
 
 Clock of a PS run: each worker's rows are timed from its own start; the start is placed on the
 common clock as (--out file's mtime) - (its last t_wall), which is exact to a round trip on one
@@ -51,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -79,6 +84,15 @@ class SshSettings:
     user: str | None = None
     workdir: str = "."
     python: str = "python3"
+    config: str | None = None   # ssh -F FILE (identity, known_hosts, port); default: the user's own
+
+    def ssh(self) -> list[str]:
+        """ssh's argv up to the target; scp takes the same options."""
+        opts = ["-F", os.path.expanduser(self.config)] if self.config else []
+        return ["ssh", *opts, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+
+    def target(self, address: str) -> str:
+        return f"{self.user}@{address}" if self.user else address
 
 
 @dataclass(frozen=True)
@@ -174,7 +188,12 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
     timeout = raw.get("timeout_s", 600.0)
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError(f"{source}: timeout_s must be > 0, got {timeout!r}")
-    ssh = SshSettings(**(raw.get("ssh") or {})) if launcher == "ssh" else SshSettings()
+    ssh_raw = dict(raw.get("ssh") or {})
+    bad_ssh = sorted(set(ssh_raw) - {f.name for f in fields(SshSettings)})
+    if bad_ssh:
+        raise ConfigError(f"{source}: [ssh] unknown key(s) {', '.join(bad_ssh)}; allowed: "
+                          f"{', '.join(f.name for f in fields(SshSettings))}")
+    ssh = SshSettings(**ssh_raw) if launcher == "ssh" else SshSettings()
     return ClusterFile(launcher, spec, tuple(hosts), str(raw.get("suite", "cluster")), port, float(timeout), ssh, source)
 
 
@@ -220,7 +239,18 @@ def _spec_args(spec: RunSpec) -> list[str]:
 
 def plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
                token: str | None = None) -> list[PlannedRole]:
-    """Every process of the run, in start order, with its argv (addresses resolved)."""
+    """Every process of the run, in start order, with its argv (addresses resolved). A "{host}" in
+    `scratch` becomes the role's host name (one folder per host: ssh)."""
+    roles = _plan_roles(cf, addrs, python, scratch, token)
+    for role in roles:
+        here = scratch.replace("{host}", cf.hosts[role.host].name)
+        role.argv = [a.replace(scratch, here) for a in role.argv]
+        role.out = role.out.replace(scratch, here) if role.out else None
+    return roles
+
+
+def _plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
+                token: str | None = None) -> list[PlannedRole]:
     spec = cf.spec
     py = [python, "-m", "psbench"]
     if spec.system == "ps":
@@ -267,13 +297,21 @@ def plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
     return roles
 
 
-def ssh_argv(cf: ClusterFile, role: PlannedRole) -> list[str]:
-    """The ssh command a real cluster would run for `role` (built and tested, never executed here)."""
+def ssh_argv(cf: ClusterFile, role: PlannedRole, guard: bool = False) -> list[str]:
+    """The ssh command that runs `role` on its host. With `guard` the remote process is stopped
+    when the connection closes: the remote shell keeps the session's stdin (which the launcher
+    holds open and never writes) and sends SIGTERM to the role once it reads end-of-file."""
     host = cf.hosts[role.host]
-    target = f"{cf.ssh.user}@{host.address}" if cf.ssh.user else str(host.address)
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(role.env.items()))
-    remote = f"cd {shlex.quote(cf.ssh.workdir)} && " + (f"env {env} " if env else "") + "exec " + shlex.join(role.argv)
-    return ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", target, remote]
+    run = (f"env {env} " if env else "") + shlex.join(role.argv)
+    cd = f"cd {shlex.quote(cf.ssh.workdir)} && "
+    if guard:
+        remote = (cd + f"exec 3<&0; {run} </dev/null & pid=$!; "
+                  "(cat <&3 >/dev/null 2>&1; kill -TERM $pid 2>/dev/null) >/dev/null 2>&1 & "
+                  "wait $pid")
+    else:
+        remote = cd + "exec " + run
+    return [*cf.ssh.ssh(), cf.ssh.target(str(host.address)), remote]
 
 
 # ---- hosts: where the processes run ---------------------------------------------------------
@@ -300,30 +338,101 @@ class LocalHosts:
         return self.supervisor.spawn(argv[0], argv, env=child_env(env), stdout=log, stderr=subprocess.STDOUT).proc
 
     def wait_listening(self, host: int, port: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+        wait_tcp("127.0.0.1", port, timeout)
 
 
-class NetnsHosts:
-    """Every host is a namespace of a NetLab made from the file (caps included); removed on exit."""
+def wait_tcp(address: str, port: int, timeout: float) -> None:
+    """Until a TCP connection to address:port from here succeeds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((address, port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {address}:{port} after {timeout:.0f}s")
 
-    def __init__(self, cf: ClusterFile):
-        from psbench.bench.lab.netlab import NetLab
 
-        self.lab = NetLab(hosts=len(cf.hosts), caps_mbit=cf.caps())
+class SshHosts:
+    """launcher = "ssh": every host is reached by ssh at its address. Each role runs guarded (it
+    stops when its ssh connection does) inside its host's own folder under [ssh] workdir; fetch()
+    copies a role's files back by scp, cleanup() removes the hosts' folders."""
 
-    def __enter__(self) -> "NetnsHosts":
-        self.lab.up()
+    def __init__(self, cf: ClusterFile, job: str):
+        self.cf = cf
+        self.remote_root = f".psbench-cluster/{job}"
+        self.supervisor = Supervisor()
+
+    @property
+    def scratch(self) -> str:
+        return self.remote_root + "/{host}"
+
+    def __enter__(self) -> "SshHosts":
+        for i, host in enumerate(self.cf.hosts):   # every host reachable, its folder made
+            self._ssh(i, f"mkdir -p {shlex.quote(self.remote_root + '/' + host.name)}")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.lab.down()
+        self.supervisor.stop()
+        for i in range(len(self.cf.hosts)):
+            try:
+                self._ssh(i, f"rm -rf {shlex.quote(self.remote_root)}")
+            except RoleFailed:
+                pass  # the run's own error (if any) is the one to report
+
+    def _ssh(self, host: int, command: str, timeout: float = 60) -> None:
+        s = self.cf.ssh
+        argv = [*s.ssh(), s.target(self.addr(host)), f"cd {shlex.quote(s.workdir)} && {command}"]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RoleFailed(f"ssh to {self.cf.hosts[host].name} ({self.addr(host)}) failed "
+                             f"({proc.returncode}): {proc.stderr.strip()[-500:]}")
+
+    def addr(self, host: int) -> str:
+        return str(self.cf.hosts[host].address)
+
+    def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
+        cmd = ssh_argv(self.cf, PlannedRole("", host, argv, "", env), guard=True)
+        # stdin: a pipe held open and never written; its end stops the remote role (the guard)
+        return self.supervisor.spawn(f"ssh:{self.cf.hosts[host].name}", cmd, stdin=subprocess.PIPE,
+                                     stdout=log, stderr=subprocess.STDOUT).proc
+
+    def wait_listening(self, host: int, port: int, timeout: float) -> None:
+        wait_tcp(self.addr(host), port, timeout)
+
+    def fetch(self, role: PlannedRole, local: Path) -> str:
+        """scp role.out (a file or a folder) from the role's host into local/<host>/; the local path."""
+        assert role.out is not None
+        s = self.cf.ssh
+        dest = local / self.cf.hosts[role.host].name
+        dest.mkdir(parents=True, exist_ok=True)
+        remote = role.out if os.path.isabs(role.out) else f"{s.workdir.rstrip('/')}/{role.out}"
+        scp = ["scp", *s.ssh()[1:], "-q", "-r", f"{s.target(self.addr(role.host))}:{remote}", str(dest)]
+        proc = subprocess.run(scp, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RoleFailed(f"{role.name}: copying {remote} back from {self.cf.hosts[role.host].name} failed: "
+                             f"{proc.stderr.strip()[-500:]}")
+        return str(dest / os.path.basename(role.out.rstrip("/")))
+
+
+class NetnsHosts:
+    """Every host is a namespace of a NetLab: one made from the file (caps included, removed on
+    exit), or, with `lab`, a lab that is already up and stays up (its owner removes it)."""
+
+    def __init__(self, cf: ClusterFile | None = None, lab=None):
+        from psbench.bench.lab.netlab import NetLab
+
+        self.owned = lab is None
+        self.lab = NetLab(hosts=len(cf.hosts), caps_mbit=cf.caps()) if lab is None else lab
+
+    def __enter__(self) -> "NetnsHosts":
+        if self.owned:
+            self.lab.up()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.owned:
+            self.lab.down()
 
     def addr(self, host: int) -> str:
         return self.lab.addr(host)
@@ -366,8 +475,11 @@ def _wait(started: list[tuple[PlannedRole, subprocess.Popen, Path]],
 
 def execute(cf: ClusterFile, hosts, scratch: Path, token: str | None = None) -> list[PlannedRole]:
     """Start the roles stage by stage on `hosts` (servers, then workers, then the finisher), wait for
-    each stage, and stop whatever still runs at the end. Returns the planned roles."""
-    roles = plan_roles(cf, [hosts.addr(i) for i in range(len(cf.hosts))], sys.executable, str(scratch), token)
+    each stage, and stop whatever still runs at the end. Returns the planned roles, whose `out`
+    names a local file (copied back from its host by an ssh launcher)."""
+    remote = isinstance(hosts, SshHosts)
+    roles = plan_roles(cf, [hosts.addr(i) for i in range(len(cf.hosts))],
+                       cf.ssh.python if remote else sys.executable, hosts.scratch if remote else str(scratch), token)
     deadline = time.monotonic() + cf.timeout_s
     servers: list[tuple[PlannedRole, subprocess.Popen, Path]] = []
     try:
@@ -395,6 +507,8 @@ def execute(cf: ClusterFile, hosts, scratch: Path, token: str | None = None) -> 
     finally:
         for _, proc, _ in servers:
             stop_tree([proc])
+    if remote:   # the records travel back: every role's files, by scp, into this machine's scratch
+        roles = [replace(r, out=hosts.fetch(r, scratch / "fetched")) if r.out else r for r in roles]
     return roles
 
 
@@ -469,9 +583,6 @@ def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True, record_for
     from psbench.bench.harness.runner import is_complete
     from psbench.workloads import get_workload
 
-    if cf.launcher == "ssh":
-        raise ConfigError("launcher \"ssh\" only prints the per-host commands: add --dry-run "
-                          "(running them needs ssh to each host; see bench/lab/cluster.py)")
     spec = recorded_spec(cf)
     if resume and is_complete(results_dir, cf.suite, spec):
         print(f"psbench: {spec.run_id} already complete in suite '{cf.suite}' (resume)", file=sys.stderr)
@@ -488,7 +599,9 @@ def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True, record_for
     prep = prepare(cf.spec)  # validates the workload before any process starts
     recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
     token = secrets.token_hex(16) if cf.spec.system == "ps" else None
-    hosts = NetnsHosts(cf) if cf.launcher == "netns" else LocalHosts(len(cf.hosts))
+    job = secrets.token_hex(6)
+    hosts = (NetnsHosts(cf) if cf.launcher == "netns" else SshHosts(cf, job) if cf.launcher == "ssh"
+             else LocalHosts(len(cf.hosts)))
     with tempfile.TemporaryDirectory(prefix="psbench-cluster-") as tmp, hosts:
         os.chmod(tmp, 0o755)
         roles = execute(cf, hosts, Path(tmp), token)

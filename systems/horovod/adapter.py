@@ -12,6 +12,7 @@ from psbench.core.supervisor import Supervisor
 from psbench.systems.allreduce_launch import run_job
 from psbench.systems.base import option
 from psbench.systems.common import child_env, prepare
+from psbench.systems.horovod.remote import RemoteJob
 from psbench.systems.horovod.run import LOOPBACK_ENV
 from psbench.core.errors import ConfigError
 
@@ -22,6 +23,12 @@ NOT_INSTALLED = "horovod is not installed: run `make horovod`"
 class HorovodOptions:
     hosts: str = option("", "horovodrun -H list, e.g. 'h1:2,h2:2'; empty: localhost:<workers>")
     timeout_s: float = option(1800.0, "stop every worker and fail after this many seconds")
+    ssh_config: str = option("", "hosts beyond localhost: an `ssh -F` file for horovodrun and the job's file "
+                                 "copies (default: the user's own ssh set-up)")
+    network_interface: str = option("", "hosts beyond localhost: the interface gloo uses (horovodrun "
+                                        "--network-interfaces), e.g. veth0; default: horovodrun finds one")
+    insecure: bool = option(False, "hosts beyond localhost: allow horovodrun's rendezvous (no authentication) "
+                                   "to listen beyond loopback; required there, and recorded")
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -69,15 +76,32 @@ class HorovodSystem:
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
         hosts = options.hosts or f"localhost:{spec.workers}"
         local = is_local(hosts)
+        if not local and not options.insecure:
+            raise ConfigError("horovod across hosts: horovodrun's rendezvous server has no authentication and "
+                              "listens beyond loopback; pass the option insecure=true (recorded in the manifest)")
         # Local runs stay on loopback: gloo on `lo`, horovodrun's servers on 127.0.0.1.
-        extra = ["--network-interfaces", "lo"] if local else []
+        extra = (["--network-interfaces", "lo"] if local else
+                 ["--network-interfaces", options.network_interface] if options.network_interface else [])
         env = child_env({"HOROVOD_GLOO_IFACE": "lo", LOOPBACK_ENV: "1"} if local else None)
+        remote: list[RemoteJob] = []
 
         def launch(job: Path, sup: Supervisor) -> None:
+            job_arg = str(job)
+            run_env = env
+            if not local:   # each host its own job folder, staged and gathered over ssh
+                remote.append(RemoteJob(job, [e.partition(":")[0] for e in hosts.split(",") if e], options.ssh_config))
+                remote[0].stage()
+                job_arg, run_env = remote[0].job_arg, remote[0].env(env)
             cmd = horovodrun_command(local) + ["--gloo", "-np", str(spec.workers), "-H", hosts, *extra,
-                                          sys.executable, "-m", "psbench.systems.horovod.worker", "--job", str(job)]
-            sup.spawn("horovodrun", cmd, env=env, log_path=job / "horovodrun.log", new_session=False)
+                                          sys.executable, "-m", "psbench.systems.horovod.worker", "--job", job_arg]
+            sup.spawn("horovodrun", cmd, env=run_env, log_path=job / "horovodrun.log", new_session=False)
 
-        # One horovodrun process runs every rank; the ranks' files live in the job directory.
-        run_job(self.name, spec, recorder, launch, options.timeout_s, list(range(spec.workers)), state_out,
-                rank_of=lambda i: None)
+        if not local:
+            recorder.extra["horovod_hosts"] = {"hosts": hosts, "auth": "insecure"}
+        # One horovodrun process runs every rank; the ranks' files end up in the job directory.
+        try:
+            run_job(self.name, spec, recorder, launch, options.timeout_s, list(range(spec.workers)), state_out,
+                    rank_of=lambda i: None, gather=lambda job: remote[0].gather(job) if remote else None)
+        finally:
+            if remote:
+                remote[0].cleanup()

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m psbench.systems.horovod.worker")
     p.add_argument("--job", type=Path, required=True)
     args = p.parse_args(argv)
+    # across hosts the job folder is per host: ROOT/{host}, host as horovodrun named it (remote.py)
+    args.job = Path(str(args.job).replace("{host}", os.environ.get("HOROVOD_HOSTNAME", "localhost")))
     # horovodrun sets HOROVOD_RANK before hvd.init(); it names the rank of an early failure.
     return worker_main(args.job, HorovodComm, rank_hint=int(os.environ.get("HOROVOD_RANK", -1)))
 

@@ -8,9 +8,10 @@ import time
 from typing import Any
 
 
-def train(payload: dict[str, Any]) -> None:
-    """Train; rank 0 writes {rows, snapshots, times} to payload['result_path'] (atomically). Every
-    rank returns None: TorchDistributor has each rank write its return value to one shared file."""
+def train(payload: dict[str, Any]) -> bytes | None:
+    """Train; rank 0 writes {rows, snapshots, times} to payload['result_path'] (atomically), or, when
+    that is None (ranks in Spark tasks on other hosts), returns them as .npz bytes, which Spark
+    brings back to the driver as TorchDistributor.run's result. Other ranks return None."""
     t_enter = time.time()
     import torch
     import torch.distributed as dist
@@ -53,31 +54,53 @@ def train(payload: dict[str, Any]) -> None:
     dist.all_gather(gathered, mine)
     dist.destroy_process_group()
     if rank == 0:
+        if payload["result_path"] is None:
+            return result_bytes(torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
         write_result(payload["result_path"], torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
+    return None
 
 
 ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s", "compute_s", "emulated_s", "comm_s")
 _INT_FIELDS = {"worker", "step", "n_samples", "bytes"}
 
 
-def write_result(path: str, rows, snapshots: list, t_enter: float, t_ready: float) -> None:
-    """Rank 0's result as one .npz (rows, snapshot weights) plus JSON times, renamed into place."""
+def _arrays(rows, snapshots: list, t_enter: float, t_ready: float) -> dict:
     import numpy as np
 
-    arrays = {"rows": np.asarray(rows, dtype=np.float64),
+    return {"rows": np.asarray(rows, dtype=np.float64),
               "snapshot_steps": np.array([s[0] for s in snapshots], dtype=np.int64),
               "snapshot_times": np.array([s[1] for s in snapshots], dtype=np.float64),
               "snapshot_weights": np.stack([s[2] for s in snapshots]) if snapshots else np.zeros((0, 0), np.float32),
               "times": np.array([t_enter, t_ready], dtype=np.float64)}
+
+
+def write_result(path: str, rows, snapshots: list, t_enter: float, t_ready: float) -> None:
+    """Rank 0's result as one .npz (rows, snapshot weights, times), renamed into place."""
+    import numpy as np
+
     tmp = path + ".tmp.npz"
-    np.savez(tmp, **arrays)
+    np.savez(tmp, **_arrays(rows, snapshots, t_enter, t_ready))
     os.replace(tmp, path)
 
 
-def read_result(path: str) -> dict[str, Any]:
+def result_bytes(rows, snapshots: list, t_enter: float, t_ready: float) -> bytes:
+    """The same .npz as write_result, as bytes (arrays only: nothing pickled)."""
+    import io
+
     import numpy as np
 
-    with np.load(path, allow_pickle=False) as f:
+    buf = io.BytesIO()
+    np.savez(buf, **_arrays(rows, snapshots, t_enter, t_ready))
+    return buf.getvalue()
+
+
+def read_result(source: str | bytes) -> dict[str, Any]:
+    """A result written by write_result (a path) or returned by result_bytes."""
+    import io
+
+    import numpy as np
+
+    with np.load(io.BytesIO(source) if isinstance(source, bytes) else source, allow_pickle=False) as f:
         rows = [{k: (int(v) if k in _INT_FIELDS else float(v)) for k, v in zip(ROW_FIELDS, row)} for row in f["rows"]]
         snapshots = list(zip(f["snapshot_steps"].tolist(), f["snapshot_times"].tolist(), list(f["snapshot_weights"])))
         t_enter, t_ready = f["times"].tolist()

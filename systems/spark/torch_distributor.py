@@ -51,15 +51,17 @@ class SparkTorchSystem(SparkSystem):
             record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
         to_clock = clock_mapper(recorder)
         with tempfile.TemporaryDirectory(prefix="psbench-torch-") as tmp:
+            # local mode: rank 0 writes its result here; in tasks (possibly on other hosts) it is
+            # returned through Spark as run()'s value instead
             payload = {"spec": spec.to_dict(), "fail_at_step": options.fail_at_step,
-                       "result_path": str(Path(tmp) / "result.npz")}
+                       "result_path": str(Path(tmp) / "result.npz") if options.local_mode else None}
             output = io.StringIO()  # torchrun's chatter: kept for the error message, not printed
             saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
             os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # gloo on loopback only
             t_call = time.time()
             try:
                 with contextlib.redirect_stdout(output):
-                    distributor.run(ddp_fn.train, payload)
+                    returned = distributor.run(ddp_fn.train, payload)
             except Exception as exc:
                 raise RuntimeError(f"spark-torch: TorchDistributor training failed: "
                                    f"{error_line(exc, output.getvalue())}") from None
@@ -71,10 +73,11 @@ class SparkTorchSystem(SparkSystem):
                         os.environ[key] = value
             t_done = time.time()
             recorder.stop_clock()
-            if not Path(payload["result_path"]).is_file():
-                raise RuntimeError("spark-torch: TorchDistributor finished but rank 0 wrote no result; "
+            source = payload["result_path"] if options.local_mode else returned
+            if not (isinstance(source, bytes) or (source and Path(source).is_file())):
+                raise RuntimeError("spark-torch: TorchDistributor finished but rank 0 gave no result; "
                                    f"output tail: {output.getvalue()[-300:]!r}")
-            result = ddp_fn.read_result(payload["result_path"])
+            result = ddp_fn.read_result(source)
 
         rows = sorted(result["rows"], key=lambda r: (r["step"], r["worker"]))
         split_sync_wait(rows)  # DDP's allreduce waits for the slowest rank

@@ -1,0 +1,122 @@
+"""Spark standalone across hosts: a master and two workers (Spark's own daemons) on network-namespace
+hosts, the driver on a third host; spark-mllib, spark-barrier and spark-torch (local_mode=false:
+the DDP ranks run in the executors, on the worker hosts) each train and write a run folder. An
+executor killed mid-run ends the run with one clear error, never a hang. Also on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from psbench.bench.lab import netlab
+from psbench.bench.lab.cluster import LocalHosts, NetnsHosts
+from psbench.bench.lab.netlab import NetLab
+from psbench.bench.lab.spark_cluster import SparkCluster
+from psbench.core.tables import read_table
+from psbench.systems.common import child_env
+from psbench.systems.spark.session import pyspark_unavailable_reason
+
+REASON = netlab.unavailable_reason() or pyspark_unavailable_reason()
+pytestmark = [pytest.mark.netns, pytest.mark.spark,
+              pytest.mark.skipif(REASON is not None, reason=f"spark standalone on netns: {REASON}")]
+
+DRIVER = 3
+# One driver process runs the given systems in turn (the session, started once, is reused): each is
+# "system" or "system:max_steps".
+DRIVER_SCRIPT = """
+import sys
+from psbench.bench.cli import main
+extra = {"spark-torch": ["--local-mode", "false"]}
+for item in sys.argv[1].split(","):
+    system, _, steps = item.partition(":")
+    long = ["--epochs", "1000"] if steps else []   # enough epochs that max_steps is the limit
+    rc = main(["run", "--system", system, *extra.get(system, []), *sys.argv[2:], "--max-steps", steps or "12", *long])
+    if rc:
+        sys.exit(rc)
+"""
+
+
+def driver_argv(sc: SparkCluster, driver_addr: str, runs: str, results: Path) -> list[str]:
+    return [sys.executable, "-c", DRIVER_SCRIPT, runs, "--workload", "mlp-digits", "-np", "2",
+            "--emulate-device", "step_ms=20", *sc.driver_args(driver_addr),
+            "--spark-conf", "spark.executor.memory=512m", "--results-dir", str(results), "--suite", "standalone",
+            "--no-progress", "--no-resume"]
+
+
+def manifests(results: Path) -> dict[str, Path]:
+    return {json.loads(p.read_text())["spec"]["system"]: p.parent for p in (results / "standalone").glob("*/manifest.json")}
+
+
+def training_executors(sc: SparkCluster) -> list[int]:
+    """Executor JVMs that have started Python workers (tasks of the current run)."""
+    import psutil
+
+    busy = []
+    for pid in sc.executor_pids():
+        try:
+            if any("python" in c.name() for c in psutil.Process(pid).children(recursive=True)):
+                busy.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return busy
+
+
+def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executor_loss_is_one_clear_error(tmp_path: Path):
+    """Three systems train; then, during a long spark-barrier run, one executor JVM is killed: the
+    driver ends with one `psbench: run failed:` line (task failures are not retried: maxFailures=1),
+    within a bound, and writes no run folder for it."""
+    results = tmp_path / "results"
+    with NetLab(hosts=4) as lab, \
+            SparkCluster(NetnsHosts(lab=lab), master=0, workers=[1, 2], interface="veth0") as sc:
+        assert sc.url == f"spark://{lab.addr(0)}:7077"
+        runs = "spark-mllib,spark-barrier,spark-torch,spark-barrier:5000"
+        proc = lab.exec(DRIVER, driver_argv(sc, lab.addr(DRIVER), runs, results), env=child_env(sc.driver_env()),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 400
+        while len(manifests(results)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None and len(manifests(results)) == 3, proc.stderr.read()[-3000:] if proc.poll() else ""
+        # each run is its own application: wait for the last one's executors to run Python tasks
+        while len(executors := training_executors(sc)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)                             # the long barrier stage is training by now
+        assert len(executors) == 2 and proc.poll() is None, \
+            f"the last run's executors did not start ({proc.poll()}): {proc.stderr.read()[-3000:] if proc.poll() else ''}"
+        os.kill(executors[0], signal.SIGKILL)
+        t_kill = time.monotonic()
+        out, err = proc.communicate(timeout=150)  # a hang fails here
+        waited = time.monotonic() - t_kill
+        assert sc.dir is not None
+        executor_logs = list(sc.dir.glob("worker*/app-*/*/stderr"))
+    print(f"\nexecutor killed; the driver ended {waited:.1f}s later: {err.strip().splitlines()[-1:]}")
+    assert proc.returncode == 1, out[-1000:] + err[-2000:]
+    assert len([line for line in err.splitlines() if line.startswith("psbench: run failed:")]) == 1, err[-2000:]
+    found = manifests(results)
+    assert sorted(found) == ["spark-barrier", "spark-mllib", "spark-torch"]   # none for the killed run
+    for system, run_dir in found.items():
+        extra = json.loads((run_dir / "manifest.json").read_text())["extra"]
+        assert extra["spark_master"] == sc.url and extra["spark_driver"] == lab.addr(DRIVER), system
+        assert extra["spark_auth"] == "token", system
+        steps = read_table(run_dir, "steps")
+        assert steps.groupby("worker")["step"].count().to_dict() == {0: 12, 1: 12}, system
+        assert steps["loss"].notna().all(), system
+    assert json.loads((found["spark-torch"] / "manifest.json").read_text())["extra"]["torch_local_mode"] is False
+    assert len(executor_logs) >= 2   # the executors ran on the two worker hosts, in their own folders
+
+
+def test_standalone_cluster_on_loopback(tmp_path: Path):
+    """The same cluster on 127.0.0.1 (one worker, two slots): the driver stays in this namespace."""
+    with SparkCluster(LocalHosts(2), master=0, workers=[1], cores=2) as sc:
+        assert sc.url.startswith("spark://127.0.0.1:")
+        run = subprocess.run(driver_argv(sc, "127.0.0.1", "spark-mllib:6", tmp_path / "results"),
+                             env=child_env(sc.driver_env()), capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stderr[-3000:]
+    (run_dir,) = manifests(tmp_path / "results").values()
+    assert json.loads((run_dir / "manifest.json").read_text())["extra"]["spark_master"] == sc.url
+    assert len(read_table(run_dir, "steps")) == 12

@@ -1,0 +1,101 @@
+"""The ssh launcher executes: a cluster file with launcher = "ssh" runs a PS job (a server host, two
+worker hosts) through sshd in network-namespace hosts, launched from a fourth host, and the
+records travel back by scp into one run folder. --dry-run keeps only printing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psbench.bench.lab import netlab, sshlab
+from psbench.bench.lab.netlab import NetLab
+from psbench.bench.lab.sshlab import SshLab
+from psbench.core.tables import read_table
+
+REASON = netlab.unavailable_reason() or sshlab.unavailable_reason()
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(REASON is not None, reason=f"ssh lab: {REASON}")]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def ssh_cluster_file(path: Path, lab: NetLab, config: Path, steps: int) -> Path:
+    from psbench.bench.lab.hosts_figures import ps_file
+
+    path.write_text(ps_file("ssh", [lab.addr(h) for h in (1, 2, 3)], str(config), steps))
+    return path
+
+
+def remote_processes(lab: NetLab, hosts: range) -> list[str]:
+    """psbench processes still alive in the given hosts' namespaces (sshd itself excluded)."""
+    left = []
+    for h in hosts:
+        for pid in netlab._namespace_pids(lab.ns(h)):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "psbench" in cmd and "sshd" not in cmd:
+                left.append(cmd)
+    return left
+
+
+def test_ssh_launcher_runs_a_ps_job_on_sshd_hosts_and_copies_the_records_back(tmp_path: Path):
+    results = tmp_path / "results"
+    with NetLab(hosts=4) as lab, SshLab(lab, hosts=[1, 2, 3]) as ssh:
+        path = ssh_cluster_file(tmp_path / "cluster.toml", lab, ssh.kit.config, steps=40)
+        # the launcher runs on host 0, which has no sshd and reaches the others only over the lab
+        dry = lab.run(0, [sys.executable, "-m", "psbench", "run", "--cluster", str(path), "--dry-run"], timeout=60)
+        assert dry.returncode == 0, dry.stderr
+        assert dry.stdout.count(f"-F {ssh.kit.config}") == 4 and not list(results.glob("*"))
+        run = lab.run(0, [sys.executable, "-m", "psbench", "run", "--cluster", str(path), "--results-dir",
+                          str(results), "--no-progress"], timeout=300)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        assert remote_processes(lab, range(1, 4)) == []   # servers shut down, workers exited
+        assert not list(ROOT.glob(".psbench-cluster/*"))  # the hosts' job folders were removed
+    (run_dir,) = [p.parent for p in (results / "ps-ssh").glob("*/manifest.json")]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["spec"]["options"]["launcher"] == "ssh"
+    hosts = manifest["extra"]["cluster"]["hosts"]
+    assert [h["address"] for h in hosts] == [f"198.18.{lab.lab}.{i}" for i in (2, 3, 4)]
+    steps = read_table(run_dir, "steps")
+    assert steps.groupby("worker")["step"].count().to_dict() == {0: 40, 1: 40}
+    assert set(steps["staleness"]) == {0}                       # bsp across the hosts
+    val = read_table(run_dir, "evals").query("split == 'val'")["accuracy"].tolist()
+    assert len(val) == 2 and val[-1] > val[0] + 0.3             # the final model came back by scp
+    assert len(manifest["extra"]["ps"]["shards"]) == 1
+
+
+def test_stopping_the_ssh_launcher_stops_the_remote_roles(tmp_path: Path):
+    """A guarded role dies with its ssh connection: kill the launcher's ssh, the remote server ends."""
+    from psbench.bench.lab import cluster
+
+    with NetLab(hosts=2) as lab, SshLab(lab, hosts=[1]) as ssh:
+        cf = cluster.parse({"launcher": "ssh", "run": {"system": "ps", "workload": "mlp-digits"},
+                            "ssh": {"config": str(ssh.kit.config), "workdir": "/"},
+                            "hosts": [{"name": "a", "address": lab.addr(1), "roles": ["ps-server", "worker"]}]})
+        role = cluster.PlannedRole("sleeper", 0, ["sleep", "300"], "server")
+        proc = lab.exec(0, cluster.ssh_argv(cf, role, guard=True), stdin=subprocess.PIPE)
+        for _ in range(100):
+            if any("sleep 300" in c for c in _cmdlines(lab, 1)):
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert any("sleep 300" in c for c in _cmdlines(lab, 1))
+        proc.kill()
+        proc.wait()
+        for _ in range(50):
+            if not any("sleep 300" in c for c in _cmdlines(lab, 1)):
+                break
+            subprocess.run(["sleep", "0.1"])
+        assert not any("sleep 300" in c for c in _cmdlines(lab, 1))
+
+
+def _cmdlines(lab: NetLab, host: int) -> list[str]:
+    out = []
+    for pid in netlab._namespace_pids(lab.ns(host)):
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            pass
+    return out
