@@ -31,6 +31,7 @@ from psbench.systems.common import (Prepared, configure_threads, evaluate_splits
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
 from psbench.systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr
+from psbench.systems.ps.server import NONFINITE_MODES
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
 
@@ -43,6 +44,8 @@ class PSOptions:
     lr_scaling: str = option("auto", "auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
     pipeline: bool = option(False, "asp only: each worker overlaps its push's round trip with the next "
                                    "step's compute (ps-lite's async push; staleness >= 1)")
+    nonfinite: str = option("reject", "a push whose gradient holds NaN or inf: reject (an error reply naming "
+                                      "the key; the worker fails) | skip (answered, not applied; counted)")
     host: str = option("127.0.0.1", "address the server shards bind")
     token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
                                         "else a random one per run; an option value is saved in the manifest)")
@@ -61,6 +64,8 @@ class PSOptions:
         resolve_lr(self.lr_scaling, self.consistency, 1)
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1, got {self.servers}")
+        if self.nonfinite not in NONFINITE_MODES:
+            raise ConfigError(f"nonfinite '{self.nonfinite}' unknown; allowed: {' | '.join(NONFINITE_MODES)}")
         if self.pipeline and parse_consistency(self.consistency)[0] != "asp":
             raise ConfigError(f"pipeline needs consistency asp, got {self.consistency!r}: under bsp/ssp a worker "
                               f"must wait for its reply")
@@ -154,7 +159,7 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
     server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
                    "--momentum", repr(opt.momentum), "--weight-decay", repr(opt.weight_decay),
-                   "--step-timeout-s", repr(options.step_timeout_s),
+                   "--step-timeout-s", repr(options.step_timeout_s), "--nonfinite", options.nonfinite,
                    "--checkpoint-every", options.checkpoint_every]
     if parse_consistency(options.consistency)[0] == "ssp":
         server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]

@@ -30,7 +30,7 @@ PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to
 
 @dataclass
 class PushReply:
-    staleness: int
+    staleness: int | None  # max over shards; None if no shard applied it (skipped, or a duplicate's unknown)
     version: int
     params: dict[int, np.ndarray] = field(default_factory=dict)
     nbytes: int = 0
@@ -70,6 +70,7 @@ class KVWorker:
                        else [[] for _ in self.addresses])
         self.owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
         self.versions = [0] * len(self.addresses)  # the version of each shard's parameters we hold
+        self._again, self._rcvtimeo_opt = zmq.Again, zmq.RCVTIMEO
         self.ctx = zmq.Context.instance()
         self.sockets = []
         for addr in self.addresses:
@@ -77,6 +78,7 @@ class KVWorker:
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(addr if "://" in addr else f"tcp://{addr}")
             self.sockets.append(sock)
+        self._rcvtimeo = [-1] * len(self.sockets)  # the receive timeout each socket has now (ms)
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -115,27 +117,40 @@ class KVWorker:
 
     def _receive(self, j: int, rid: int, frames: list[Any]) -> protocol.Message:
         """Shard j's answer to request `rid`: resend every retry_s, drop answers to older requests,
-        give up after the timeout or when our launcher is gone."""
+        give up after the timeout or when our launcher is gone. An answer that names no request id
+        (or a newer one) answers nothing we asked: an error, never taken for the one in flight."""
+        sock = self.sockets[j]
         waited = 0
         next_retry = self.retry_ms
         while True:
-            step_ms = min(1000, next_retry - waited, self.timeout_ms - waited)
-            if self.sockets[j].poll(max(1, step_ms)):
-                msg = protocol.decode(self.sockets[j].recv_multipart(copy=False), max_bytes=self.max_bytes,
-                                      ops=protocol.REPLY_OPS)
-                if msg.extra.get("rid", rid) == rid:
-                    return msg
-                continue  # a late answer to a request we already have the answer to
-            waited += max(1, step_ms)
-            if waited >= self.timeout_ms:
-                raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
-                                       f"{self.timeout_ms / 1000:.0f}s")
-            if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
-            if waited >= next_retry:
-                self.sockets[j].send_multipart(frames, copy=False)
-                self.retries += 1
-                next_retry += self.retry_ms
+            step_ms = max(1, min(1000, next_retry - waited, self.timeout_ms - waited))
+            if self._rcvtimeo[j] != step_ms:
+                sock.setsockopt(self._rcvtimeo_opt, step_ms)
+                self._rcvtimeo[j] = step_ms
+            try:  # a blocking receive with a timeout: one call, where a poll and a receive are two
+                raw = sock.recv_multipart(copy=False)
+            except self._again:
+                waited += step_ms
+                if waited >= self.timeout_ms:
+                    raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
+                                           f"{self.timeout_ms / 1000:.0f}s") from None
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    raise SystemExit(f"ps worker {self.worker_id}: launcher is gone") from None
+                if waited >= next_retry:
+                    sock.send_multipart(frames, copy=False)
+                    self.retries += 1
+                    next_retry += self.retry_ms
+                continue
+            msg = protocol.decode(raw, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
+            got = msg.extra.get("rid")
+            if got == rid:
+                return msg
+            if got is None or got > rid:
+                said = f" ({msg.op}: {msg.extra['error']})" if msg.op == "error" and "error" in msg.extra else ""
+                raise protocol.PSError(f"server shard {j} ({self.addresses[j]}) sent an answer "
+                                       f"{'without a request id' if got is None else f'to request {got}'} while "
+                                       f"request {rid} was in flight{said}")
+            # else: a late answer to a request we already have the answer to
 
     def _by_shard(self, keys: Sequence[int], arrays: Sequence[np.ndarray] | None = None) -> dict[int, tuple[list, list]]:
         owner = self.owner
@@ -183,8 +198,8 @@ class KVWorker:
     def push_wait(self, flight: InFlight) -> PushReply:
         replies, nbytes = self._collect(flight)
         params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
-        return PushReply(max(int(m.extra.get("staleness", 0)) for m in replies.values()),
-                         min(m.version for m in replies.values()), params, nbytes)
+        taus = [int(m.extra["staleness"]) for m in replies.values() if m.extra.get("staleness") is not None]
+        return PushReply(max(taus) if taus else None, min(m.version for m in replies.values()), params, nbytes)
 
     def push_pull(self, grads: Sequence[np.ndarray], step: int) -> PushReply:
         return self.push(range(len(grads)), grads, step, want_params=True)
