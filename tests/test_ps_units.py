@@ -13,7 +13,8 @@ from psbench.systems.base import parse_options
 from psbench.systems.ps import protocol
 from psbench.systems.ps.adapter import PSOptions
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.policies import DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation, resolve_lr
+from psbench.systems.ps.policies import (DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation,
+                                         resolve_lr, resolve_momentum)
 from psbench.systems.ps.server import SGD, Shard
 from psbench.core.errors import ConfigError
 
@@ -146,12 +147,21 @@ def test_mitigations_by_hand():
 def test_parsers_and_options():
     assert parse_consistency("ssp:3") == ("ssp", 3)
     assert isinstance(parse_mitigation("dc-asgd:0.04"), DCASGD)
-    assert resolve_lr("auto", "asp", 4) == 0.25 and resolve_lr("auto", "bsp", 4) == 1.0
+    assert resolve_lr("auto", "asp", 4) == 1.0 and resolve_lr("auto", "bsp", 4) == 1.0
+    assert resolve_lr("1/n", "asp", 4) == 0.25
+    # asynchrony brings momentum of its own: 1 - (1 - 0.9) * N under asp/ssp (0 from N = 10 on)
+    assert resolve_momentum("auto", "asp", 1, 0.9) == 0.9 and resolve_momentum("auto", "bsp", 4, 0.9) == 0.9
+    assert resolve_momentum("auto", "ssp:2", 2, 0.9) == pytest.approx(0.8)
+    assert resolve_momentum("auto", "asp", 4, 0.9) == pytest.approx(0.6)
+    assert resolve_momentum("auto", "asp", 12, 0.9) == 0.0 and resolve_momentum("none", "asp", 4, 0.9) == 0.9
+    with pytest.raises(ConfigError, match="momentum_scaling 'half' unknown"):
+        resolve_momentum("half", "asp", 2, 0.9)
     assert resolve_lr("0.5", "asp", 4) == 0.5
     opts = parse_options(PSOptions, {"consistency": "ssp:2", "servers": "2", "mitigation": "gap-aware"}, "ps")
     assert opts.servers == 2
     for bad in [{"consistency": "ssp:x"}, {"consistency": "async"}, {"servers": "0"}, {"servers": "two"},
                 {"mitigation": "dc-asgd:abc"}, {"mitigation": "magic"}, {"lr_scaling": "-1"},
+                {"momentum_scaling": "0.5"}, {"nonfinite": "ignore"},
                 {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token": ""}, {"nope": 1}]:
         with pytest.raises(ConfigError):
             parse_options(PSOptions, bad, "ps")

@@ -594,7 +594,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="take lr/momentum/weight decay defaults from this workload")
     p.add_argument("--lr", type=float, help="learning rate as applied (already scaled)")
     p.add_argument("--lr-scaling", default="auto", help="with --workload's lr: auto | none | 1/n | FACTOR")
-    p.add_argument("--momentum", type=float, help="SGD momentum")
+    p.add_argument("--momentum", type=float, help="SGD momentum as applied (already scaled)")
+    p.add_argument("--momentum-scaling", default="auto",
+                   help="with --workload's momentum m: auto (asp/ssp: 1 - (1 - m) * workers, at least 0) | none")
     p.add_argument("--weight-decay", type=float, help="SGD weight decay")
     p.add_argument("--step-timeout-s", type=float, default=60.0, help="BSP/SSP wait bound in seconds (default 60)")
     p.add_argument("--worker-timeout-s", type=float, default=None,
@@ -619,7 +621,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def shard_from_args(args: argparse.Namespace) -> Shard:
-    from psbench.systems.ps.policies import resolve_lr
+    from psbench.systems.ps.policies import resolve_lr, resolve_momentum
     from psbench.workloads import get_workload
     from psbench.core.errors import ConfigError
 
@@ -632,7 +634,8 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
     if args.workload:
         opt = get_workload(args.workload).optimizer
         lr = lr if lr is not None else opt.lr * resolve_lr(args.lr_scaling, args.consistency, args.workers)
-        momentum = momentum if momentum is not None else opt.momentum
+        momentum = momentum if momentum is not None else resolve_momentum(args.momentum_scaling, args.consistency,
+                                                                          args.workers, opt.momentum)
         wd = wd if wd is not None else opt.weight_decay
     if lr is None:
         raise ConfigError("give --lr or --workload")
