@@ -1,7 +1,7 @@
 """Wire fuzzing against a live server shard process (loopback): >= 100k random, truncated, oversized,
 shape-mismatched and otherwise wrong messages, and well-formed ones that must still be refused
 (NaN/inf gradients, steps ahead of the worker's clock, versions the shard never had, negative
-steps and versions). Zero crashes (the process lives and still serves a good pull), zero corrupted
+steps and versions) and packed messages whose one frame does not fit their tensors. Zero crashes (the process lives and still serves a good pull), zero corrupted
 parameters (checksum before/after), every bad message answered with an error reply (counted on our
 side and by the shard's own error counter). Replays of request ids the shard already applied are
 answered as duplicates and change nothing.
@@ -108,7 +108,7 @@ GOOD = [np.ones(s, np.float32).tobytes() for s in SHAPES]
 def mutations(rng: random.Random):
     """(category, frames): each is wrong by construction, whatever the random parts are."""
     r = rng.random
-    kind = rng.randrange(25)
+    kind = rng.randrange(26)
     if kind == 0:  # random bytes, any number of frames
         return "random", [rng.randbytes(rng.randrange(0, 200)) for _ in range(rng.randrange(1, 4))]
     if kind == 1:  # a valid header cut short
@@ -198,9 +198,23 @@ def mutations(rng: random.Random):
         if r() < 0.5:
             return "step-range", [_header(op="pull", worker=worker, step=step, keys=[], dtypes=[], shapes=[], rid=rid)]
         return "step-range", _push(worker, step, version, rid, grads)
-    # kind 24: a version this shard never had (or below 0)
-    version = rng.choice([PRE_APPLIED + 1 + rng.randrange(5), 2 ** rng.randrange(8, 64) - 1, -1 - rng.randrange(9)])
-    return "version-range", _push(worker, step, version, rid, grads)
+    if kind == 24:  # a version this shard never had (or below 0)
+        version = rng.choice([PRE_APPLIED + 1 + rng.randrange(5), 2 ** rng.randrange(8, 64) - 1, -1 - rng.randrange(9)])
+        return "version-range", _push(worker, step, version, rid, grads)
+    # kind 25: packed (one frame for all tensors): a frame too short or too long, too many frames,
+    # a 'packed' that is no bool, or a well-formed packed push with a NaN/inf
+    flat = b"".join(g.tobytes() for g in grads)
+    head = _header(worker=worker, step=step, version=version, rid=rid, packed=True)
+    choice = rng.randrange(4)
+    if choice == 0:
+        return "packed", [head, flat[:rng.randrange(len(flat))] if r() < 0.5 else flat + b"\x00" * 4 * rng.randrange(1, 9)]
+    if choice == 1:
+        return "packed", [head, flat, flat[:4 * rng.randrange(1, 9)]]
+    if choice == 2:
+        return "packed", [_header(packed=rng.choice([1, 0, "yes", None, [True], 1.0])), flat]
+    g = np.frombuffer(bytearray(flat), np.float32)
+    g[rng.randrange(g.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    return "packed", [head, g.tobytes()]
 
 
 def _push(worker: int, step: int, version: int, rid: int, grads: list[np.ndarray]) -> list[bytes]:
@@ -227,7 +241,7 @@ def test_bulk_mutations_all_rejected(live):
     assert live.non_errors == [], f"bad messages answered without an error: {live.non_errors[:10]}"
     assert live.errors - errors0 == BULK
     assert len(categories) >= 23 and categories.get("oversized", 0) > 0
-    assert min(categories[c] for c in ("nonfinite", "step-range", "version-range")) > BULK // 50
+    assert min(categories[c] for c in ("nonfinite", "step-range", "version-range", "packed")) > BULK // 50
 
 
 def test_replays_of_applied_request_ids_are_answered_and_change_nothing(live):

@@ -38,6 +38,42 @@ def test_roundtrip_is_exact_and_zero_copy_views():
     np.testing.assert_array_equal(msg.arrays[1], b)
 
 
+def test_packed_roundtrip_is_one_frame_of_views():
+    a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones(5, np.float32)
+    flat = np.concatenate([a.reshape(-1), b])
+    frames = protocol.encode("push", worker=1, keys=[4, 5], arrays=[a, b], packed=flat)
+    assert len(frames) == 2 and frames[1] is flat  # one frame, the buffer itself
+    msg = protocol.decode(frames_bytes(frames))
+    assert msg.keys == [4, 5] and "packed" not in msg.extra
+    np.testing.assert_array_equal(msg.arrays[0], a)
+    np.testing.assert_array_equal(msg.arrays[1], b)
+    np.testing.assert_array_equal(msg.flat, flat)
+    assert msg.arrays[1].base is not None and np.shares_memory(msg.arrays[1], msg.flat)
+    layout = (["float32", "float32"], [[3, 4], [5]])
+    same = protocol.encode("push", worker=1, keys=[4, 5], layout=layout, packed=flat)
+    assert frames_bytes(same) == frames_bytes(frames)
+
+
+def packed(shapes, nbytes, n_frames=1, **over):
+    header = {"op": "push", "worker": 0, "step": 0, "version": 0, "keys": list(range(len(shapes))),
+              "dtypes": ["float32"] * len(shapes), "shapes": shapes, "packed": True}
+    header.update(over)
+    return [msgpack.packb(header)] + [b"\x00" * nbytes] * n_frames
+
+
+@pytest.mark.parametrize("frames, message", [
+    (packed([[2], [3]], 16), "needs 12 bytes at byte 8 of the packed frame, which has 16"),
+    (packed([[2], [3]], 24), "packed frame has 24 bytes, its 2 tensors 20"),
+    (packed([[2], [3]], 20, n_frames=2), "but the message has 2 tensor frames (packed: one frame for all)"),
+    (packed([[2], [3]], 20, n_frames=0), "but the message has 0 tensor frames (packed: one frame for all)"),
+    (packed([[2]], 8, packed="yes"), "'packed' must be true or false"),
+    (packed([[2]], 8, packed=1), "'packed' must be true or false"),
+])
+def test_decode_rejects_bad_packed_messages(frames, message):
+    with pytest.raises(protocol.ProtocolError, match=re.escape(message)):
+        protocol.decode(frames)
+
+
 def good(**over):
     header = {"op": "push", "worker": 0, "step": 0, "version": 0, "keys": [0], "dtypes": ["float32"], "shapes": [[2]]}
     header.update(over)
@@ -301,3 +337,46 @@ def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
     with pytest.raises(ConfigError, match="pipeline needs consistency asp"):
         parse_options(PSOptions, {"consistency": "bsp", "pipeline": "true"}, "ps")
     assert parse_options(PSOptions, {"consistency": "asp", "pipeline": "true"}, "ps").pipeline is True
+
+
+def test_a_packed_push_updates_like_one_frame_per_key():
+    grads = [np.array([1, 2, 3], np.float32), np.array([[4, 5]], np.float32)]
+    results = []
+    for pack in (False, True):
+        shard = Shard(0, 1, lr=0.5, momentum=0.9)
+        send(shard, b"admin", "init", -1, arrays=[np.zeros(3, np.float32), np.ones((1, 2), np.float32)])
+        frames = protocol.encode("push", worker=0, keys=[0, 1], arrays=grads, want_params=True,
+                                 packed=np.concatenate([g.reshape(-1) for g in grads]) if pack else None)
+        shard.receive(b"a", frames_bytes(frames), None, protocol.DEFAULT_MAX_BYTES)
+        [(_, reply)] = replies(shard)[1:]
+        assert reply.op == "params" and reply.flat is not None  # the answer is packed either way
+        results.append([a.copy() for a in reply.arrays])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(results[1][1], [[-1.0, -1.5]])  # 1 - 0.5 * [4, 5]
+
+
+def test_a_push_off_a_socket_is_answered_with_its_own_frame():
+    """The update is written into the received gradient frame, which goes back by reference."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        shard = make_shard("asp", n=1)  # lr 1, w = 0
+        g = np.array([1, 2, 3], np.float32)
+        dealer.send_multipart(protocol.encode("push", worker=0, keys=[0], arrays=[g], packed=g, want_params=True),
+                              copy=False)
+        ident, *frames = router.recv_multipart(copy=False)
+        shard.receive(ident.bytes, frames, None, protocol.DEFAULT_MAX_BYTES)
+        [(_, out)] = shard.outbox
+        assert out[1] is frames[1] and shard.flat_frame is frames[1]
+        np.testing.assert_array_equal(np.frombuffer(frames[1].buffer, np.float32), -g)
+        router.send_multipart([ident, *out], copy=False)
+        reply = protocol.decode(dealer.recv_multipart())
+        np.testing.assert_array_equal(reply.arrays[0], -g)
+    finally:
+        router.close(0)
+        dealer.close(0)

@@ -125,28 +125,28 @@ def parse_consistency(text: str) -> tuple[str, int]:
 
 @dataclass
 class Request:
-    """A push or pull waiting for its answer. A push with `grads` None was skipped (a non-finite
-    gradient under --nonfinite skip): it counts as the worker's step but changes no parameter."""
+    """A push or pull waiting for its answer. A push's gradient is one flat array over the shard's
+    keys in key order; `grad` None: the push was skipped (a non-finite gradient under --nonfinite
+    skip): it counts as the worker's step but changes no parameter."""
     ident: bytes
     worker: int
     step: int
     t_arrival: float
     op: str = "push"  # push | pull
-    grads: dict[int, np.ndarray] | None = None
+    grad: np.ndarray | None = None
     want_params: bool = False
     keys: list[int] | None = None
     staleness: int | None = None
     rid: int | None = None  # the client's request id: echoed in the reply, used to spot retries
     based_on: int | None = None  # pipelined push: the version its gradient was computed on
-    # Buffers of `grads` the shard may overwrite with the update (key -> the zmq frame that owns
-    # the memory, sent back by reference, or None for an array of our own); None: none may be.
-    reusable: dict[int, Any] | None = None
+    reusable: bool = False  # `grad`'s buffer is ours to overwrite (with the new weights)
+    frame: Any = None       # the zmq frame `grad` lives in, if it came off a socket (sent back by reference)
 
 
 class Server(Protocol):
     """What a policy needs from its shard (see server.Shard)."""
-    def apply(self, grads: dict[int, np.ndarray] | None, reqs: list[Request],
-              reusable: dict[int, Any] | None = None) -> int | None: ...
+    def apply(self, grad: np.ndarray | None, reqs: list[Request], reusable: bool = False,
+              frame: Any = None) -> int | None: ...
     def reply_push(self, req: Request, staleness: int | None) -> None: ...
     def reply_pull(self, req: Request) -> None: ...
     def reply_error(self, req: Request, text: str) -> None: ...
@@ -178,7 +178,7 @@ class Policy:
 
     def push(self, srv: Server, req: Request) -> None:
         self._advance(req.worker, req.step + 1)
-        srv.reply_push(req, srv.apply(req.grads, [req], req.reusable))
+        srv.reply_push(req, srv.apply(req.grad, [req], req.reusable, req.frame))
 
     def pull(self, srv: Server, req: Request) -> None:
         self._advance(req.worker, req.step)
@@ -226,8 +226,8 @@ class BSP(Policy):
     def __init__(self, n_workers: int, start_step: int = 0):
         super().__init__(n_workers, start_step)
         self.pending: dict[int, Request] = {}
-        self.acc: dict[int, np.ndarray] = {}
-        self.acc_owner: dict[int, Any] = {}  # key -> the zmq frame whose memory acc[k] is (or None)
+        self.acc: np.ndarray | None = None  # the sum of the step's gradients (flat)
+        self.acc_frame: Any = None  # the zmq frame acc lives in (the first gradient's own), if any
         self.n_acc = 0  # pushes summed into acc (a skipped push waits with the others, adds nothing)
 
     def check_push(self, req):
@@ -240,31 +240,30 @@ class BSP(Policy):
 
     def push(self, srv, req):
         self._advance(req.worker, req.step + 1)
-        if req.grads is not None:
-            reusable = req.reusable or {}
-            for k, g in req.grads.items():
-                if k in self.acc:
-                    self.acc[k] += g
-                elif k in reusable:  # the first gradient's own buffer holds the sum: no copy
-                    self.acc[k], self.acc_owner[k] = g, reusable[k]
-                else:
-                    self.acc[k], self.acc_owner[k] = np.array(g, dtype=g.dtype, copy=True), None
+        if req.grad is not None:
+            if self.acc is not None:
+                self.acc += req.grad
+            elif req.reusable:  # the first gradient's own buffer holds the sum: no copy
+                self.acc, self.acc_frame = req.grad, req.frame
+            else:
+                self.acc, self.acc_frame = np.array(req.grad, copy=True), None
             self.n_acc += 1
-        req.grads = req.reusable = None  # the sum holds it; let the frame go
+        req.grad = req.frame = None  # the sum holds it; let the frame go
         self.pending[req.worker] = req
         self._maybe_apply(srv)
 
     def _maybe_apply(self, srv) -> None:
         if not self.pending or not self.live.issubset(self.pending):
             return
-        avg = None
-        if self.n_acc:
-            avg = {k: np.divide(a, np.float32(self.n_acc), out=a) for k, a in self.acc.items()}
+        avg = None if self.acc is None else np.divide(self.acc, np.float32(self.n_acc), out=self.acc)
         waiting = sorted(self.pending.values(), key=lambda r: r.worker)
-        staleness = srv.apply(avg, waiting, self.acc_owner)
-        self.pending, self.acc, self.acc_owner, self.n_acc = {}, {}, {}, 0
+        staleness = srv.apply(avg, waiting, True, self.acc_frame)
+        self._clear()
         for req in waiting:
             srv.reply_push(req, staleness)
+
+    def _clear(self) -> None:
+        self.pending, self.acc, self.acc_frame, self.n_acc = {}, None, None, 0
 
     def bye(self, srv, worker):
         super().bye(srv, worker)
@@ -277,7 +276,7 @@ class BSP(Policy):
         if self.pending and now - min(r.t_arrival for r in self.pending.values()) > timeout_s:
             missing = sorted(self.live - set(self.pending))
             waiting = list(self.pending.values())
-            self.pending, self.acc, self.acc_owner, self.n_acc = {}, {}, {}, 0
+            self._clear()
             for req in waiting:  # nothing was applied: the shard's parameters are unchanged
                 srv.reply_error(req, f"bsp: timed out after {timeout_s:.0f}s waiting for worker(s) {missing}")
 
@@ -296,8 +295,8 @@ class SSP(Policy):
         return min((self.clock[w] for w in self.live), default=None)
 
     def push(self, srv, req):
-        staleness = srv.apply(req.grads, [req], req.reusable)
-        req.grads = req.reusable = None
+        staleness = srv.apply(req.grad, [req], req.reusable, req.frame)
+        req.grad = req.frame = None
         self._advance(req.worker, req.step + 1)
         if req.want_params:  # the reply carries the parameters for step+1: gate it
             req.staleness = staleness

@@ -1,7 +1,10 @@
-"""The parameter server's wire format: one msgpack header frame, then one raw buffer per tensor.
+"""The parameter server's wire format: one msgpack header frame, then the tensors' raw bytes.
 
-    frame 0:  msgpack map {op, worker, step, version, keys, dtypes, shapes, token?, ...}
-    frame i:  the bytes of tensor i-1 (C order, dtype and shape as in the header)
+    frame 0:  msgpack map {op, worker, step, version, keys, dtypes, shapes, token?, packed?, ...}
+    frame i:  the bytes of tensor i-1 (C order, dtype and shape as in the header), or, with
+              packed: true, ONE frame holding every tensor's bytes back to back in header order
+              (tensor fusion: a worker's gradients of a shard's keys are one contiguous slice of
+              its flat gradient buffer, so one frame per shard, still without a copy)
 
 Tensors are sent zero-copy (`send_multipart(copy=False)`) and read back with `np.frombuffer`
 on the received frame buffers. A received zmq frame is ours alone: the shard may write its update
@@ -53,6 +56,7 @@ class Message:
     # Per array, the zmq frame it views when it came off a socket (writable, nobody else holds it),
     # else None (bytes: read-only).
     owners: list[Any] = field(default_factory=list)
+    flat: np.ndarray | None = None  # packed: all tensors' elements as one 1-D view (arrays are views of it)
 
     def tensors(self) -> dict[int, np.ndarray]:
         return dict(zip(self.keys, self.arrays))
@@ -60,18 +64,33 @@ class Message:
 
 def encode(op: str, *, worker: int = -1, step: int = 0, version: int = 0, keys: Sequence[int] = (),
            arrays: Sequence[np.ndarray] = (), token: str | None = None,
-           send_as: Sequence[Any] | None = None, **extra: Any) -> list[Any]:
+           send_as: Sequence[Any] | None = None, packed: Any = None,
+           layout: tuple[list[str], list[list[int]]] | None = None, **extra: Any) -> list[Any]:
     """Frames for send_multipart(copy=False): the header, then each array's own buffer (no copy).
-    `send_as[i]`, when not None, is sent in place of arrays[i]: a zmq frame holding exactly its bytes."""
-    if len(keys) != len(arrays):
-        raise ProtocolError(f"{len(keys)} keys but {len(arrays)} arrays")
+    `send_as[i]`, when not None, is sent in place of arrays[i]: a zmq frame holding exactly its bytes.
+    `packed`: one buffer (an array or a zmq frame) holding all tensors' bytes back to back, sent as
+    the only tensor frame; the tensors are then described by `arrays` or by `layout` (their dtypes
+    and shapes, precomputed: a shard or a worker sends the same layout every step)."""
+    if layout is not None:
+        dtypes, shapes = layout
+        if packed is None or len(dtypes) != len(keys) or len(shapes) != len(keys):
+            raise ProtocolError(f"a layout needs packed data and one dtype and shape per key ({len(keys)} keys)")
+    else:
+        if len(keys) != len(arrays):
+            raise ProtocolError(f"{len(keys)} keys but {len(arrays)} arrays")
+        dtypes = [_DTYPE_NAMES.get(a.dtype) or a.dtype.name for a in arrays]
+        shapes = [list(a.shape) for a in arrays]
+    if packed is not None and keys:
+        extra["packed"] = True
     header: dict[str, Any] = {"op": op, "worker": int(worker), "step": int(step), "version": int(version),
-                              "keys": [int(k) for k in keys],
-                              "dtypes": [_DTYPE_NAMES.get(a.dtype) or a.dtype.name for a in arrays],
-                              "shapes": [list(a.shape) for a in arrays], **extra}
+                              "keys": [int(k) for k in keys], "dtypes": dtypes, "shapes": shapes, **extra}
     if token is not None:
         header["token"] = token
     frames: list[Any] = [_pack(header)]
+    if packed is not None:
+        if keys:
+            frames.append(packed)
+        return frames
     for i, a in enumerate(arrays):
         owner = send_as[i] if send_as is not None else None
         if owner is not None:
@@ -83,7 +102,7 @@ def encode(op: str, *, worker: int = -1, step: int = 0, version: int = 0, keys: 
 
 _DTYPE_NAMES = {dtype: name for name, dtype in ALLOWED_DTYPES.items()}  # dtype.name is slow (a Python property)
 _HEADER_LISTS = ("keys", "dtypes", "shapes")
-_NOT_EXTRA = frozenset(REQUIRED) | {"keys", "dtypes", "shapes", "token"}
+_NOT_EXTRA = frozenset(REQUIRED) | {"keys", "dtypes", "shapes", "token", "packed"}
 _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 try:  # the frame type whose memory a received message owns (see Message.owners)
     from zmq import Frame as _ZmqFrame
@@ -137,10 +156,15 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
     keys, dtypes, shapes = header.get("keys", []), header.get("dtypes", []), header.get("shapes", [])
     if not (type(keys) is list and type(dtypes) is list and type(shapes) is list):
         raise ProtocolError("header fields keys, dtypes and shapes must be lists")
-    n = len(buffers) - 1
-    if not (len(keys) == len(dtypes) == len(shapes) == n):
+    packed = header.get("packed", False)
+    if packed is not False and packed is not True:
+        raise ProtocolError(f"header field 'packed' must be true or false, got {packed!r:.40}")
+    n = len(keys)
+    frames_expected = (1 if n else 0) if packed else n
+    if not (len(dtypes) == len(shapes) == n and len(buffers) - 1 == frames_expected):
         raise ProtocolError(f"header lists {len(keys)} keys, {len(dtypes)} dtypes, {len(shapes)} shapes "
-                            f"but the message has {n} tensor frames")
+                            f"but the message has {len(buffers) - 1} tensor frames"
+                            f"{' (packed: one frame for all)' if packed else ''}")
     for k in keys:
         if not _is_uint(k):
             raise ProtocolError("keys must be non-negative integers")
@@ -148,8 +172,9 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
         raise ProtocolError("duplicate keys in one message")
     arrays: list[np.ndarray] = []
     owners: list[Any] = []
+    offset = 0  # packed: where tensor i starts in the one frame
     for i in range(n):
-        dtype_name, shape, buf = dtypes[i], shapes[i], buffers[i + 1]
+        dtype_name, shape = dtypes[i], shapes[i]
         dtype = ALLOWED_DTYPES.get(dtype_name) if type(dtype_name) is str else None
         if dtype is None:
             raise ProtocolError(f"tensor {i}: dtype {dtype_name!r} not allowed; allowed: {', '.join(ALLOWED_DTYPES)}")
@@ -163,14 +188,27 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
         if type(shape) is not list or size < 0:
             raise ProtocolError(f"tensor {i}: shape must be a list of non-negative integers, got {shape!r}")
         expected = size * dtype.itemsize
-        if expected != buf.nbytes:
-            raise ProtocolError(f"tensor {i} (key {keys[i]}): shape {shape} {dtype_name} needs {expected} bytes, "
-                                f"frame has {buf.nbytes}")
-        arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
-        frame = frames[i + 1]
+        frame = frames[1] if packed else frames[i + 1]
+        buf = buffers[1] if packed else buffers[i + 1]
+        if packed:
+            if offset + expected > buf.nbytes:
+                raise ProtocolError(f"tensor {i} (key {keys[i]}): shape {shape} {dtype_name} needs {expected} bytes "
+                                    f"at byte {offset} of the packed frame, which has {buf.nbytes}")
+            arrays.append(np.frombuffer(buf, dtype=dtype, count=size, offset=offset).reshape(shape))
+            offset += expected
+        else:
+            if expected != buf.nbytes:
+                raise ProtocolError(f"tensor {i} (key {keys[i]}): shape {shape} {dtype_name} needs {expected} "
+                                    f"bytes, frame has {buf.nbytes}")
+            arrays.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
         owners.append(frame if isinstance(frame, _ZmqFrame) else None)
+    flat = None
+    if packed and n:
+        if offset != buffers[1].nbytes:
+            raise ProtocolError(f"packed frame has {buffers[1].nbytes} bytes, its {n} tensors {offset}")
+        flat = np.frombuffer(buffers[1], dtype=np.float32)  # the one allowed dtype
     extra = {k: v for k, v in header.items() if k not in _NOT_EXTRA}
-    return Message(op, header["worker"], header["step"], header["version"], keys, arrays, extra, total, owners)
+    return Message(op, header["worker"], header["step"], header["version"], keys, arrays, extra, total, owners, flat)
 
 
 def error_frames(message: str, *, worker: int = -1, token: str | None = None) -> list[Any]:

@@ -41,13 +41,16 @@ NONFINITE_MODES = ("reject", "skip")
 
 @dataclass
 class SGD:
-    """torch.optim.SGD's update (dampening 0, no Nesterov), per key, out of place on the weights."""
+    """torch.optim.SGD's update (dampening 0, no Nesterov), out of place on the weights. (numpy, two
+    passes: torch's fused add, tried here, was slower on a buffer it also writes, and its per-call
+    cost doubled a small model's update.)"""
     momentum: float = 0.0
     weight_decay: float = 0.0
 
     def step(self, w: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float,
              out: np.ndarray | None = None) -> np.ndarray:
-        """The new weights, in `out` if given (it may be g's own buffer, never w's)."""
+        """The new weights, in `out` if given (it may be g's own buffer, never w's). `buf` (the
+        momentum) is updated in place."""
         if self.weight_decay:
             g = g + np.float32(self.weight_decay) * w
         if self.momentum and buf is not None:
@@ -85,14 +88,18 @@ class Shard:
         self.mitigation: Mitigation = parse_mitigation(mitigation)
         self.step_timeout_s = step_timeout_s
         self.nonfinite = nonfinite  # a push with NaN/inf: reject (error reply) or skip (answered, not applied)
+        # One flat float32 vector holds all of this shard's parameters in key order (tensor fusion:
+        # one update, one check, one frame per message however many keys); per-key views on demand.
         self.keys: list[int] = []
         self.shapes: dict[int, tuple[int, ...]] = {}
-        self.params: dict[int, np.ndarray] = {}
-        self.owners: dict[int, Any] = {}  # key -> the zmq frame params[k] lives in (sent by reference)
-        self.momentum: dict[int, np.ndarray] = {}
+        self.spans: dict[int, tuple[int, int]] = {}  # key -> [start, end) in the flat vector
+        self.layout: tuple[list[str], list[list[int]]] = ([], [])  # header dtypes and shapes, key order
+        self.flat = np.zeros(0, np.float32)
+        self.flat_frame: Any = None  # the zmq frame self.flat lives in (sent by reference), if any
+        self.momentum_flat: np.ndarray | None = None
         self.version = 0
         self.start_version = 0  # the version a worker holds before anything was sent to it (init / restore)
-        self.sent: dict[int, deque[tuple[int, dict[int, np.ndarray]]]] = {}  # per worker: its last (version, params)
+        self.sent: dict[int, deque[tuple[int, np.ndarray]]] = {}  # per worker: its last (version, flat params)
         self.staleness = Counter()
         self.n_errors = 0
         self.n_nonfinite = 0  # pushes with a NaN/inf gradient (rejected or skipped)
@@ -118,28 +125,50 @@ class Shard:
         self.n_checkpoints = 0
         self.restored_version: int | None = None
 
+    # ---- the flat vector and its per-key views ------------------------------------------------
+    def _set_layout(self, shapes: dict[int, tuple[int, ...]]) -> None:
+        self.keys = sorted(shapes)
+        self.shapes = dict(shapes)
+        self.spans, offset = {}, 0
+        for k in self.keys:
+            n = int(np.prod(self.shapes[k], dtype=np.int64))
+            self.spans[k] = (offset, offset + n)
+            offset += n
+        self.layout = (["float32"] * len(self.keys), [list(self.shapes[k]) for k in self.keys])
+
+    def views(self, flat: np.ndarray) -> dict[int, np.ndarray]:
+        """Per-key views of a flat vector in this shard's layout."""
+        return {k: flat[a:b].reshape(self.shapes[k]) for k, (a, b) in self.spans.items()}
+
+    def pack(self, tensors: dict[int, np.ndarray]) -> np.ndarray:
+        """One new flat vector from per-key tensors (all of this shard's keys)."""
+        if not self.keys:
+            return np.zeros(0, np.float32)
+        return np.concatenate([np.asarray(tensors[k], np.float32).reshape(-1) for k in self.keys])
+
+    @property
+    def params(self) -> dict[int, np.ndarray]:
+        return self.views(self.flat)
+
+    @property
+    def momentum(self) -> dict[int, np.ndarray]:
+        return {} if self.momentum_flat is None else self.views(self.momentum_flat)
+
     # ---- what policies call ---------------------------------------------------------------
-    def apply(self, grads: dict[int, np.ndarray] | None, reqs: list[Request],
-              reusable: dict[int, Any] | None = None) -> int | None:
-        """One optimizer update from `grads` (already averaged under BSP), the pushes `reqs`'.
-        Returns its staleness; None for a skipped push (grads None: nothing applied). `reusable`:
-        keys whose gradient buffer may take the new weights (see Request.reusable)."""
+    def apply(self, grad: np.ndarray | None, reqs: list[Request], reusable: bool = False,
+              frame: Any = None) -> int | None:
+        """One optimizer update from the flat gradient `grad` (already averaged under BSP), the
+        pushes `reqs`'. Returns its staleness; None for a skipped push (grad None: nothing applied).
+        `reusable`: grad's buffer may take the new weights (then `frame`, if any, is the zmq frame
+        it lives in, which the replies send by reference)."""
         tau = None
-        if grads is not None:
+        if grad is not None:
             bases = [self._basis(r) for r in reqs]
             tau = max(self.version - version for version, _ in bases)
-            pulled = bases[0][1]
-            reusable = reusable or {}
-            new: dict[int, np.ndarray] = {}
-            owners: dict[int, Any] = {}
-            for k in self.keys:
-                w_now, g = self.params[k], grads[k]
-                g_adj, lr = self.mitigation.adjust(k, g, self.lr, tau, w_now, pulled.get(k, w_now))
-                out = g if k in reusable else None
-                new[k] = self.optimizer.step(w_now, g_adj, self.momentum.get(k), lr, out)
-                if out is not None and reusable[k] is not None:
-                    owners[k] = reusable[k]
-            self.params, self.owners = new, owners
+            g, lr = self.mitigation.adjust(0, grad, self.lr, tau, self.flat, bases[0][1])
+            out = grad if reusable else None
+            self.flat = self.optimizer.step(self.flat, g, self.momentum_flat, lr, out)
+            self.flat_frame = frame if out is not None else None
             self.version += 1
             self.staleness[tau] += 1
         for r in reqs:
@@ -147,37 +176,43 @@ class Shard:
                 self.done[r.worker] = (r.rid, tau)
         return tau
 
-    def _basis(self, req: Request) -> tuple[int, dict[int, np.ndarray]]:
+    def _basis(self, req: Request) -> tuple[int, np.ndarray]:
         """The version and parameters a push's gradient was computed on: the earlier send it names
         (pipelined), else the last one sent to its worker. A named version we never sent it (or
         lost in a restart) falls back to the last send, so a wrong claim cannot corrupt anything."""
         sends = self.sent.get(req.worker)
         if not sends:
-            return self.start_version, self.params
+            return self.start_version, self.flat
         named = req.based_on
         if named is None:
             return sends[-1]
         return next((send for send in sends if send[0] == named), sends[-1])
 
-    def _params_frames(self, req: Request, op: str, keys: list[int], **extra: Any) -> list[Any]:
+    def _params_frames(self, req: Request, op: str, keys: list[int] | None, **extra: Any) -> list[Any]:
+        """The parameters of `keys` (None: all, as one packed frame: the flat vector itself)."""
         if req.worker != ADMIN:
-            # a reference: params are replaced, not mutated
-            self.sent.setdefault(req.worker, deque(maxlen=SENT_HISTORY)).append((self.version, self.params))
+            # a reference: the flat vector is replaced, not mutated
+            self.sent.setdefault(req.worker, deque(maxlen=SENT_HISTORY)).append((self.version, self.flat))
+        if keys is None:
+            return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=self.keys,
+                                   layout=self.layout, packed=self.flat if self.flat_frame is None else self.flat_frame,
+                                   **_rid(req.rid), **extra)
+        params = self.params
         return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=keys,
-                               arrays=[self.params[k] for k in keys], send_as=[self.owners.get(k) for k in keys],
-                               **_rid(req.rid), **extra)
+                               arrays=[params[k] for k in keys], **_rid(req.rid), **extra)
 
     def reply_push(self, req: Request, staleness: int | None) -> None:
         fields = {} if staleness is None else {"staleness": staleness}
         if req.want_params:
-            frames = self._params_frames(req, "params", self.keys, **fields)
+            frames = self._params_frames(req, "params", None, **fields)
         else:
             frames = protocol.encode("ok", worker=req.worker, step=req.step, version=self.version,
                                      **_rid(req.rid), **fields)
         self.outbox.append((req.ident, frames))
 
     def reply_pull(self, req: Request) -> None:
-        self.outbox.append((req.ident, self._params_frames(req, "params", req.keys or self.keys)))
+        keys = None if not req.keys or req.keys == self.keys else req.keys
+        self.outbox.append((req.ident, self._params_frames(req, "params", keys)))
 
     def reply_error(self, req: Request, text: str) -> None:
         self.error(req.ident, text, req.worker, req.rid)
@@ -243,12 +278,12 @@ class Shard:
 
     def _check_state(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
         slot = msg.extra.get("slot", "params")
-        source = {"params": self.params, "momentum": self.momentum}.get(slot)
-        if source is None or (slot == "momentum" and not self.momentum):
+        source = {"params": self.flat, "momentum": self.momentum_flat}.get(slot)
+        if source is None:
             raise protocol.ProtocolError(f"state slot {slot!r} unknown or empty; allowed: params, momentum")
         return lambda: self.outbox.append((req.ident, protocol.encode(
-            "params", worker=req.worker, version=self.version, keys=self.keys,
-            arrays=[source[k].copy() for k in self.keys], **_rid(req.rid))))
+            "params", worker=req.worker, version=self.version, keys=self.keys, layout=self.layout,
+            packed=source.copy(), **_rid(req.rid))))
 
     def _check_pull(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
         keys = msg.extra.get("want_keys") or list(self.keys)
@@ -279,7 +314,12 @@ class Shard:
         if based_on is not None and self.policy.kind != "asp":
             raise protocol.ProtocolError(f"a pipelined push (based_on) needs consistency asp; this shard runs "
                                          f"{self.consistency}")
-        bad = next((k for k, a in zip(msg.keys, msg.arrays) if not all_finite(a)), None)
+        if msg.flat is not None and msg.keys == self.keys:  # packed in our key order: the frame is the gradient
+            grad, frame = msg.flat, msg.owners[0]
+            reusable = frame is not None and grad.flags.writeable
+        else:  # one tensor frame per key (or another order): a flat copy of our own
+            grad, frame, reusable = self.pack(msg.tensors()), None, True
+        bad = None if all_finite(grad) else next(k for k, a in zip(msg.keys, msg.arrays) if not all_finite(a))
         if bad is not None and self.nonfinite == "reject":
             self.n_nonfinite += 1
             raise protocol.ProtocolError(f"push of worker {w} step {msg.step}: the gradient of key {bad} holds "
@@ -296,9 +336,7 @@ class Shard:
             return lambda: self._answer_duplicate(req, staleness)
         req.based_on = based_on
         if bad is None:
-            req.grads = msg.tensors()
-            owned = {k: f for k, a, f in zip(msg.keys, msg.arrays, msg.owners) if f is not None and a.flags.writeable}
-            req.reusable = owned or None
+            req.grad, req.reusable, req.frame = grad, reusable, (frame if reusable else None)
         self.policy.check_push(req)
 
         def act() -> None:
@@ -392,18 +430,15 @@ class Shard:
                     raise protocol.ProtocolError(f"init of momentum, key {k}: tensor holds NaN or inf")
 
             def act() -> None:
-                self.momentum = {k: np.array(a, copy=True) for k, a in zip(msg.keys, msg.arrays)}
+                self.momentum_flat = self.pack(msg.tensors())
                 self._reply(req, initialised=True)
             return act
         raise protocol.ProtocolError(f"init slot {slot!r} unknown; allowed: params, momentum")
 
     def _init_params(self, req: Request, msg: protocol.Message) -> None:
-        self.keys = sorted(msg.keys)
-        self.shapes = {k: a.shape for k, a in zip(msg.keys, msg.arrays)}
-        self.params = {k: np.array(a, copy=True) for k, a in zip(msg.keys, msg.arrays)}
-        self.owners = {}
-        self.momentum = ({k: np.zeros_like(a) for k, a in self.params.items()}
-                         if self.optimizer.momentum else {})
+        self._set_layout({k: a.shape for k, a in zip(msg.keys, msg.arrays)})
+        self.flat, self.flat_frame = self.pack(msg.tensors()), None
+        self.momentum_flat = np.zeros_like(self.flat) if self.optimizer.momentum else None
         self.version = msg.version
         self.policy.reset(msg.step)
         self.start_version = msg.version
@@ -443,7 +478,7 @@ class Shard:
                          "done_staleness": {str(w): s for w, (_, s) in self.done.items()},
                          "registered": self.registered, "consistency": self.consistency,
                          "staleness_hist": {str(k): int(v) for k, v in self.staleness.items()}},
-                        slots={"mitigation": self.mitigation.tensors()})
+                        slots={"mitigation": {k: self.views(a) for k, a in self.mitigation.tensors().items()}.get(0, {})})
         self.checkpoint_version = self.version
         self.checkpoint_t = time.monotonic() if now is None else now
         self.n_checkpoints += 1
@@ -461,13 +496,14 @@ class Shard:
                               f"this shard runs {self.mitigation.name}")
         if state.momentum and not self.optimizer.momentum:
             raise ConfigError("checkpoint holds momentum but this shard runs without it")
-        self.keys, self.params, self.version = state.keys, state.params, state.version
-        self.owners = {}
-        self.shapes = {k: a.shape for k, a in self.params.items()}
-        self.momentum = state.momentum or ({k: np.zeros_like(a) for k, a in self.params.items()}
-                                           if self.optimizer.momentum else {})
+        self._set_layout({k: a.shape for k, a in state.params.items()})
+        self.version = state.version
+        self.flat, self.flat_frame = self.pack(state.params), None
+        self.momentum_flat = (self.pack(state.momentum) if state.momentum else
+                              np.zeros_like(self.flat) if self.optimizer.momentum else None)
         self.policy.load_state(state.header.get("policy", {}))
-        self.mitigation.load_tensors(state.slots.get("mitigation", {}))
+        saved = state.slots.get("mitigation")
+        self.mitigation.load_tensors({0: self.pack(saved)} if saved else {})
         self.start_version = self.version
         stale = state.header.get("done_staleness", {})
         self.done = {int(w): (int(r), None if stale.get(w) is None else int(stale[w]))
