@@ -1,8 +1,12 @@
 """Side-by-side measurements of the parameter server; each returns a dict of ratios / figures.
 
-    ratio_roundtrip()        push+pull of 1/10/100 MB vs a raw pyzmq echo of the same bytes (goal >= 0.7)
-    ratio_asp_vs_single()    ps ASP with 1 worker vs `single`, samples/s (goal >= 0.95); also with
-                             --pipeline (the round trip overlaps the next step; staleness 1)
+    ratio_roundtrip()        push+pull of 1/10/100 MB vs a raw pyzmq echo of the same bytes (goal, issue 18:
+                             >= 0.8 at 1 MB, >= 0.9 at 10 MB)
+    ratio_asp_vs_single()    ps strict ASP with 1 worker vs `single`, samples/s (goal: >= 0.9 on cnn-mnist1d,
+                             >= 0.6 on mlp-digits); also with --pipeline (the round trip overlaps the next
+                             step; staleness 1)
+    ratio_asp_vs_single_interleaved()  the same per step, in alternating bursts in one process (steady
+                             under load; what `psbench regress` tracks)
     ratio_consistency()      2 workers, 1 and 2 shards, BSP vs ASP vs SSP: samples/s and final accuracy
 
 Both sides of a ratio are measured in the same call, interleaved, so machine load cancels out as
@@ -130,6 +134,72 @@ def ratio_asp_vs_single(workloads: dict[str, int] | None = None, repeats: int = 
             out[f"asp1_pipelined_vs_single_{workload}"] = best["asp1_pipelined"] / best["single"]
         for name, value in best.items():
             out[f"{name}_{workload}_samples_per_s"] = value
+    return out
+
+
+def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d", "mlp-digits"), rounds: int = 20,
+                                    burst: int = 50) -> dict[str, float]:
+    """Strict ASP with 1 worker vs `single`, per step, measured in alternating bursts: `burst` steps
+    of `single` (forward, backward, torch SGD), then `burst` steps of a PS worker (the Trainer's
+    gradient buffers, push and exchange, in this process, against a real shard process), `rounds`
+    times; ratio = single's total time / the worker's. Both sides run the same batches, and a slow
+    spell of the machine lands on both within a fraction of a second, so the ratio holds still where
+    whole runs of a few hundred ms each (ratio_asp_vs_single) swing 3x on a loaded machine. The
+    runs' bookkeeping (rows, evaluation snapshots) is left out on both sides (regress.benchmarks'
+    harness_overhead measures the harness). Per workload: the ratio and its rounds' quartiles."""
+    import itertools
+
+    from psbench.core.spec import RunSpec
+    from psbench.systems.common import configure_threads, forward_backward, make_optimizer, prepare
+    from psbench.systems.ps.launch import Cluster
+    from psbench.systems.ps.worker import KVWorker, Trainer
+
+    configure_threads(1)
+    out: dict[str, float] = {}
+    for workload in workloads:
+        prep = prepare(RunSpec(system="ps", workload=workload, workers=1, epochs=1000))
+        batches = itertools.cycle(list(itertools.islice(prep.batches(0), 100)))
+        model = prep.build_model()
+        loss_fn = prep.workload.loss_fn()
+        optimizer = make_optimizer(model, prep.workload, prep.lr)
+        step = 0
+
+        def single(n: int) -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                _, x, y = next(batches)
+                forward_backward(model, loss_fn, x, y)
+                optimizer.step()
+            return time.perf_counter() - t
+
+        def ps(n: int) -> float:
+            nonlocal step
+            t = time.perf_counter()
+            for _ in range(n):
+                _, x, y = next(batches)
+                forward_backward(trainer.model, trainer.loss_fn, x, y, trainer.grad_views[0])
+                trainer.exchange(trainer.push(step, 0))
+                step += 1
+            return time.perf_counter() - t
+
+        with Cluster(1, 1, "bench") as cluster:
+            [address] = cluster.start_servers(["--workload", workload, "--workers", "1", "--consistency", "asp"])
+            shapes = [tuple(p.shape) for p in model.parameters()]
+            with KVWorker([address], 0, shapes, "bench") as kv:
+                kv.init([p.detach().numpy() for p in prep.build_model().parameters()])
+                trainer = Trainer(prep, kv, 0)
+                trainer.load(kv.pull()[0])
+                single(burst), ps(burst)  # warm-up: first-call costs belong to neither side
+                pairs = [(single(burst), ps(burst)) for _ in range(rounds)]
+                kv.shutdown()
+            cluster.wait_servers()
+        ratios = sorted(a / b for a, b in pairs)
+        name = workload.replace("-", "_")
+        out[f"asp1_vs_single_{name}"] = sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+        out[f"asp1_vs_single_{name}_q1"] = ratios[len(ratios) // 4]
+        out[f"asp1_vs_single_{name}_q3"] = ratios[(3 * len(ratios)) // 4]
+        out[f"single_{name}_step_ms"] = sum(a for a, _ in pairs) / (rounds * burst) * 1e3
+        out[f"asp1_{name}_step_ms"] = sum(b for _, b in pairs) / (rounds * burst) * 1e3
     return out
 
 

@@ -340,6 +340,16 @@ class Trainer:
             else:
                 self.load(dict(zip(msg.keys, msg.arrays)))
 
+    def push(self, step: int, buffer: int, based_on: Sequence[int] | None = None) -> InFlight:
+        """Send the gradients in grad_flats[buffer] (each shard its slice) asking for the new weights."""
+        return self.kv.push_flat_start(self.grad_flats[buffer].numpy(), step, True, based_on)
+
+    def exchange(self, flight: InFlight) -> PushReply:
+        """Wait for a push's answers and load the weights they carry."""
+        reply = self.kv.push_wait(flight)
+        self.load_reply(reply)
+        return reply
+
     def run(self, t0: float) -> WorkerResult:
         from psbench.systems.common import StepClock, compute_step
         from psbench.systems.ps.launch import ROW_COLUMNS
@@ -359,8 +369,7 @@ class Trainer:
             comm_s: the whole push+pull (a pipelined push: only the time blocked on its reply);
             the adapter splits off the wait for other workers under bsp/ssp."""
             blocked = time.perf_counter()
-            reply = kv.push_wait(flight)
-            self.load_reply(reply)
+            reply = self.exchange(flight)
             blocked = time.perf_counter() - blocked
             comm = blocked if self.pipeline else clock.split()[2]
             t = time.time() - t0
@@ -383,14 +392,13 @@ class Trainer:
             buffer = step % len(self.grad_flats)  # pipelined: not the one of the push in flight
             loss = compute_step(self.model, self.loss_fn, x, y, clock, step, self.grad_views[buffer])
             times = (clock.compute_s, clock.emulated_s)
-            grads = self.grad_flats[buffer].numpy()
             if self.pipeline:
                 based_on = list(kv.versions)  # the parameters these gradients were computed on
                 if in_flight is not None:
                     finish(*in_flight)
-                in_flight = (step, len(y), loss, kv.push_flat_start(grads, step, True, based_on), times)
+                in_flight = (step, len(y), loss, self.push(step, buffer, based_on), times)
             else:
-                finish(step, len(y), loss, kv.push_flat_start(grads, step, True), times)
+                finish(step, len(y), loss, self.push(step, buffer), times)
             if budget is not None and min(kv.versions) >= budget:
                 break  # the global step reached the budget (TensorFlow's global step, seen in each reply)
         if in_flight is not None:
