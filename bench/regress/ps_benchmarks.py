@@ -18,7 +18,8 @@ import json
 import statistics
 import sys
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -42,30 +43,46 @@ def _echo_server(port_file: str) -> None:
         sock.send_multipart(frames, copy=False)
 
 
-def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, int] | None = None) -> dict[str, float]:
-    """Per size: raw round-trip time / PS push+pull time (1.0 = the PS adds nothing)."""
-    import os
+@contextmanager
+def echo() -> Iterator[Any]:
+    """A raw pyzmq ROUTER echo in its own process (the 'no PS' baseline), and a DEALER to it."""
     import tempfile
+    from pathlib import Path
 
     import zmq
 
-    from psbench.systems.common import child_env
     from psbench.core.supervisor import Supervisor
+    from psbench.systems.common import child_env
+
+    port_file = Path(tempfile.mkdtemp(prefix="psbench-echo-")) / "port"
+    with Supervisor() as sup:
+        sup.spawn("echo", [sys.executable, "-c", "from psbench.bench.regress.ps_benchmarks import _echo_server; "
+                           f"_echo_server({str(port_file)!r})"], env=child_env())
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and port_file.read_text()):
+            if time.monotonic() > deadline or sup.failed():
+                raise RuntimeError("the echo server did not start")
+            time.sleep(0.05)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{port_file.read_text()}")
+        try:
+            yield sock
+        finally:
+            sock.send_multipart([b"stop"])
+            sock.close()
+            port_file.unlink(missing_ok=True)
+            port_file.parent.rmdir()
+
+
+def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, int] | None = None) -> dict[str, float]:
+    """Per size: raw round-trip time / PS push+pull time (1.0 = the PS adds nothing)."""
     from psbench.systems.ps.launch import Cluster
     from psbench.systems.ps.worker import KVWorker
 
     reps = reps or {1: 40, 10: 15, 100: 5}
     out: dict[str, float] = {}
-    port_file = tempfile.mktemp(prefix="psbench-echo-")
-    echo_sup = Supervisor()
-    echo_sup.spawn("echo", [sys.executable, "-c", f"from psbench.bench.regress.ps_benchmarks import _echo_server; "
-                            f"_echo_server({port_file!r})"], env=child_env())
-    try:
-        while not (os.path.exists(port_file) and open(port_file).read()):
-            time.sleep(0.05)
-        raw = zmq.Context.instance().socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.connect(f"tcp://127.0.0.1:{open(port_file).read()}")
+    with echo() as raw:
         for size in sizes_mb:
             shape = (size * MB // 4,)
             grad = np.ones(shape, np.float32)
@@ -89,12 +106,6 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
             out[f"roundtrip_{size}mb"] = raw_s / ps_s
             out[f"roundtrip_{size}mb_ps_ms"] = ps_s * 1e3
             out[f"roundtrip_{size}mb_raw_ms"] = raw_s * 1e3
-        raw.send_multipart([b"stop"])
-        raw.close()
-    finally:
-        echo_sup.stop()
-        if os.path.exists(port_file):
-            os.unlink(port_file)
     return out
 
 
@@ -146,7 +157,11 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
     spell of the machine lands on both within a fraction of a second, so the ratio holds still where
     whole runs of a few hundred ms each (ratio_asp_vs_single) swing 3x on a loaded machine. The
     runs' bookkeeping (rows, evaluation snapshots) is left out on both sides (regress.benchmarks'
-    harness_overhead measures the harness). Per workload: the ratio and its rounds' quartiles."""
+    harness_overhead measures the harness). Per workload: the ratio and its rounds' quartiles.
+
+    A third side, interleaved too, is the floor any PS over pyzmq has here: the same forward and
+    backward, then the gradient's bytes sent to a raw pyzmq echo process and received back (no
+    protocol, no update): echo_vs_single = single / that; asp1_vs_echo = that / the PS worker."""
     import itertools
 
     from psbench.core.spec import RunSpec
@@ -182,24 +197,37 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
                 step += 1
             return time.perf_counter() - t
 
-        with Cluster(1, 1, "bench") as cluster:
+        def echo_step(n: int) -> float:  # the PS worker's step, with a raw echo for push and answer
+            header, scratch = b"h" * 120, np.empty_like(trainer.flat)
+            t = time.perf_counter()
+            for _ in range(n):
+                _, x, y = next(batches)
+                forward_backward(trainer.model, trainer.loss_fn, x, y, trainer.grad_views[0])
+                raw.send_multipart([header, trainer.grad_flats[0].numpy()], copy=False)
+                np.copyto(scratch, np.frombuffer(raw.recv_multipart(copy=False)[1].buffer, np.float32))
+            return time.perf_counter() - t
+
+        with echo() as raw, Cluster(1, 1, "bench") as cluster:
             [address] = cluster.start_servers(["--workload", workload, "--workers", "1", "--consistency", "asp"])
             shapes = [tuple(p.shape) for p in model.parameters()]
             with KVWorker([address], 0, shapes, "bench") as kv:
                 kv.init([p.detach().numpy() for p in prep.build_model().parameters()])
                 trainer = Trainer(prep, kv, 0)
                 trainer.load(kv.pull()[0])
-                single(burst), ps(burst)  # warm-up: first-call costs belong to neither side
-                pairs = [(single(burst), ps(burst)) for _ in range(rounds)]
+                single(burst), ps(burst), echo_step(burst)  # warm-up: first-call costs belong to no side
+                rows = [(single(burst), ps(burst), echo_step(burst)) for _ in range(rounds)]
                 kv.shutdown()
             cluster.wait_servers()
-        ratios = sorted(a / b for a, b in pairs)
+        t_single, t_ps, t_echo = (sum(r[i] for r in rows) for i in range(3))
+        ratios = sorted(a / b for a, b, _ in rows)
         name = workload.replace("-", "_")
-        out[f"asp1_vs_single_{name}"] = sum(a for a, _ in pairs) / sum(b for _, b in pairs)
+        out[f"asp1_vs_single_{name}"] = t_single / t_ps
         out[f"asp1_vs_single_{name}_q1"] = ratios[len(ratios) // 4]
         out[f"asp1_vs_single_{name}_q3"] = ratios[(3 * len(ratios)) // 4]
-        out[f"single_{name}_step_ms"] = sum(a for a, _ in pairs) / (rounds * burst) * 1e3
-        out[f"asp1_{name}_step_ms"] = sum(b for _, b in pairs) / (rounds * burst) * 1e3
+        out[f"echo_vs_single_{name}"] = t_single / t_echo
+        out[f"asp1_vs_echo_{name}"] = t_echo / t_ps
+        for side, total in (("single", t_single), ("asp1", t_ps), ("echo", t_echo)):
+            out[f"{side}_{name}_step_ms"] = total / (rounds * burst) * 1e3
     return out
 
 
