@@ -374,8 +374,9 @@ def test_a_push_off_a_socket_is_answered_with_its_own_frame():
         [(_, out)] = shard.outbox
         assert out[1] is frames[1] and shard.flat_frame is frames[1]
         np.testing.assert_array_equal(np.frombuffer(frames[1].buffer, np.float32), -g)
-        router.send_multipart([ident, *out], copy=False)
-        reply = protocol.decode(dealer.recv_multipart())
+        assert protocol._SNDMORE == zmq.SNDMORE
+        protocol.send_frames(router, [ident, *out])
+        reply = protocol.decode(protocol.recv_frames(dealer))
         np.testing.assert_array_equal(reply.arrays[0], -g)
     finally:
         router.close(0)

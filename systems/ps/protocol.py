@@ -211,6 +211,27 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
     return Message(op, header["worker"], header["step"], header["version"], keys, arrays, extra, total, owners, flat)
 
 
+_SNDMORE = 2  # zmq.SNDMORE as a plain int (the enum's arithmetic costs microseconds per frame)
+
+
+def send_frames(sock: Any, frames: Sequence[Any]) -> None:
+    """send_multipart(frames, copy=False) without its per-frame type checks and enum flags."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, _SNDMORE if i < last else 0, copy=False)
+
+
+def recv_frames(sock: Any) -> list[Any]:
+    """recv_multipart(copy=False) reading each frame's own 'more' flag (no getsockopt per frame).
+    Raises zmq.Again when the socket's receive timeout passes first."""
+    frame = sock.recv(copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(copy=False)
+        frames.append(frame)
+    return frames
+
+
 def error_frames(message: str, *, worker: int = -1, token: str | None = None) -> list[Any]:
     return encode("error", worker=worker, token=token, error=message)
 

@@ -586,7 +586,7 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
     try:
         while not shard.stopping:
             try:
-                frames = sock.recv_multipart(copy=False)
+                frames = protocol.recv_frames(sock)
             except zmq.Again:
                 if parent_pid is not None and os.getppid() != parent_pid:
                     log.warning("shard %d: launcher %d is gone, exiting", shard.shard_id, parent_pid)
@@ -600,7 +600,7 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
                 _stall(parent_pid)
                 return
             for ident, out in shard.outbox:
-                sock.send_multipart([ident, *out], copy=False)
+                protocol.send_frames(sock, [ident, *out])
             shard.outbox.clear()
             if ctl is not None and time.monotonic() >= next_report:
                 report()

@@ -111,7 +111,7 @@ class KVWorker:
         rid = self.rid  # the id _msg put into every request of this round
         self.rid += 1
         for j, frames in requests.items():
-            self.sockets[j].send_multipart(frames, copy=False)
+            protocol.send_frames(self.sockets[j], frames)
             nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
         return InFlight(rid, requests, nbytes)
 
@@ -139,7 +139,7 @@ class KVWorker:
                 sock.setsockopt(self._rcvtimeo_opt, step_ms)
                 self._rcvtimeo[j] = step_ms
             try:  # a blocking receive with a timeout: one call, where a poll and a receive are two
-                raw = sock.recv_multipart(copy=False)
+                raw = protocol.recv_frames(sock)
             except self._again:
                 waited += step_ms
                 if waited >= self.timeout_ms:
@@ -148,7 +148,7 @@ class KVWorker:
                 if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     raise SystemExit(f"ps worker {self.worker_id}: launcher is gone") from None
                 if waited >= next_retry:
-                    sock.send_multipart(frames, copy=False)
+                    protocol.send_frames(sock, frames)
                     self.retries += 1
                     next_retry += self.retry_ms
                 continue
