@@ -724,8 +724,9 @@ def main(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
     shard = shard_from_args(args)
-    serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
-          args.halt_at_version)
+    with protocol.zmq_process():
+        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
+              args.halt_at_version)
     return 0
 
 

@@ -472,6 +472,11 @@ def parse_worker_id(text: str, workers: int) -> int | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    with protocol.zmq_process():  # every zero-copy frame sent and released before the interpreter exits
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     import secrets
 
     from psbench.systems.common import configure_threads, prepare
