@@ -6,7 +6,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -95,11 +95,19 @@ def prepare(spec: RunSpec) -> Prepared:
                     lr=spec.lr or workload.optimizer.lr)
 
 
-def forward_backward(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Zero the gradients, then compute them for one mini-batch; returns the loss."""
+def forward_backward(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                     grads: Sequence[torch.Tensor] | None = None) -> float:
+    """Zero the gradients, then compute them for one mini-batch; returns the loss. `grads`: one
+    tensor per parameter (e.g. views of one flat buffer, the PS's tensor fusion) that backward
+    accumulates into, zeroed first, instead of fresh tensors: the same values."""
     model.train()
-    for p in model.parameters():
-        p.grad = None
+    if grads is None:
+        for p in model.parameters():
+            p.grad = None
+    else:
+        for p, g in zip(model.parameters(), grads, strict=True):
+            g.zero_()
+            p.grad = g
     loss = loss_fn(model(x), y)
     loss.backward()
     return float(loss.detach())
@@ -141,11 +149,11 @@ class StepClock:
 
 
 def compute_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor, clock: StepClock,
-                 step: int) -> float:
-    """The one worker step every system runs: the real gradient of a mini-batch, then the pacer's
-    sleep. Starts the step's clock; returns the loss."""
+                 step: int, grads: Sequence[torch.Tensor] | None = None) -> float:
+    """The one worker step every system runs: the real gradient of a mini-batch (into `grads`, see
+    forward_backward), then the pacer's sleep. Starts the step's clock; returns the loss."""
     clock.begin(step, len(y))
-    loss = forward_backward(model, loss_fn, x, y)
+    loss = forward_backward(model, loss_fn, x, y, grads)
     clock.computed()
     return loss
 

@@ -4,8 +4,9 @@ snapshots) and reading a finished run into the Recorder. The peers differ only i
 and parameters move: Ray's actor calls and object store, or torch.distributed.rpc.
 
 Same as `ps`, so the comparison is of the transport alone: the data shards (`prepare`), keys split
-across shards by size (`partition_keys`), the workload's SGD applied on the server (lr x 1/N under
-asp, averaged gradients under bsp), staleness = the shard's version when a gradient is applied
+across shards by size (`partition_keys`), the workload's SGD applied on the server with ps's
+settings (`resolve_lr`, `resolve_momentum`: lr as is, momentum 1 - (1 - m) * N under asp; averaged
+gradients under bsp), staleness = the shard's version when a gradient is applied
 minus the version the worker computed it on, evaluation of worker 0's snapshots off the clock.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from psbench.systems.common import (Prepared, StepClock, compute_step, configure
                                     record_evals)
 from psbench.systems.ps.launch import ROW_COLUMNS, WorkerReport  # a worker's rows (t_wall: epoch seconds here) and snapshots
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.policies import resolve_lr
+from psbench.systems.ps.policies import resolve_lr, resolve_momentum
 from psbench.core.errors import ConfigError
 
 # Ray hands numpy arrays out of its object store read-only; the optimizer only reads gradients.
@@ -42,7 +43,8 @@ class PeerOptions:
     consistency: str = option("asp", "asp (apply each gradient on arrival) | bsp (average one gradient per worker, "
                                      "then answer all)")
     servers: int = option(1, "number of server shards (keys split by size across them, as for ps)")
-    lr_scaling: str = option("auto", "as for ps: auto (1/N for asp, 1 for bsp) | none | 1/n | a factor")
+    lr_scaling: str = option("auto", "as for ps: auto (1: the workload's lr) | none | 1/n | a factor")
+    momentum_scaling: str = option("auto", "as for ps: auto (asp: 1 - (1 - m) * N, at least 0; bsp: m) | none")
     timeout_s: float = option(1800.0, "stop every process and fail after this many seconds")
 
     def __post_init__(self) -> None:
@@ -51,6 +53,7 @@ class PeerOptions:
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1, got {self.servers}")
         resolve_lr(self.lr_scaling, self.consistency, 1)
+        resolve_momentum(self.momentum_scaling, self.consistency, 1, 0.9)
         if not self.timeout_s > 0:
             raise ConfigError(f"option timeout_s must be > 0, got {self.timeout_s}")
 
@@ -73,7 +76,8 @@ def shard_plans(prep: Prepared, options: PeerOptions) -> list[ShardPlan]:
     tensors = [p.detach().numpy().copy() for p in prep.build_model().parameters()]
     opt = prep.workload.optimizer
     lr = prep.lr * resolve_lr(options.lr_scaling, options.consistency, prep.spec.workers)
-    return [ShardPlan([tensors[k] for k in keys], lr, opt.momentum, opt.weight_decay)
+    momentum = resolve_momentum(options.momentum_scaling, options.consistency, prep.spec.workers, opt.momentum)
+    return [ShardPlan([tensors[k] for k in keys], lr, momentum, opt.weight_decay)
             for keys in layout(prep, options.servers)]
 
 

@@ -11,6 +11,7 @@ from psbench.bench.harness.matrix import expand, load_experiment
 from psbench.core.records import EVAL_COLUMNS, STEP_COLUMNS, Recorder
 from psbench.bench.harness.runner import is_complete, run_all
 from psbench.core.spec import RunSpec
+from psbench.systems.common import prepare
 from psbench.core.tables import read_table
 from psbench.core.errors import ConfigError
 
@@ -42,7 +43,11 @@ def test_records_have_the_documented_schema(results_dir: Path) -> None:
     assert steps["t_wall"].is_monotonic_increasing and (steps["n_samples"] > 0).all()
     assert set(evals["split"]) == {"train", "val"} and evals["accuracy"].between(0, 1).all()
     shards = json.loads((run / "shards.json").read_text())
-    assert shards["shard_sizes"] == [steps["n_samples"].sum()] or shards["n_workers"] == 1
+    # one worker: one shard holding the whole training split, its class counts adding up to it;
+    # 30 full batches of 32 were drawn from it
+    n_train = len(prepare(RunSpec("single", "logreg-digits")).data.y_train)
+    assert shards["n_workers"] == 1 and shards["shard_sizes"] == [n_train] == [sum(shards["class_counts"][0])]
+    assert steps["n_samples"].sum() == 30 * 32 < n_train
 
 
 def test_time_to_target_comes_from_the_first_val_eval_at_target() -> None:

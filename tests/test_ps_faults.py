@@ -182,7 +182,8 @@ def test_ps_worker_auto_id_by_hand(tmp_path):
     """The docker path: ps-server, then workers with --worker-id auto writing {worker}-named files."""
     env = child_env({"PSBENCH_PS_TOKEN": TOKEN})
     server = subprocess.Popen([sys.executable, "-m", "psbench.systems.ps.server", "--bind", "127.0.0.1:0",
-                               "--workers", "2", "--workload", "mlp-digits", "--checkpoint-dir", str(tmp_path / "ck")],
+                               "--workers", "2", "--workload", "mlp-digits", "--checkpoint-dir", str(tmp_path / "ck"),
+                               "--checkpoint-every", "5"],
                               env=env, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
@@ -197,8 +198,13 @@ def test_ps_worker_auto_id_by_hand(tmp_path):
         for i in range(2):
             rows = json.loads((tmp_path / f"w{i}.json").read_text())
             assert rows["worker"] == i and rows["rows"]["step"] == list(range(5))
-        assert checkpoint.load(tmp_path / "ck", 0).version >= 0
-        with KVWorker([address], ADMIN, [], TOKEN) as kv:
+        # 2 workers x 5 steps: the shard checkpointed every 5 updates, the last one at 10, which
+        # holds exactly the parameters it serves now
+        saved = checkpoint.load(tmp_path / "ck", 0)
+        assert saved.version == 10 and len(saved.header["registered"]) == 2
+        shapes = [tuple(p.shape) for p in prepare(RunSpec("ps", "mlp-digits", workers=2)).build_model().parameters()]
+        with KVWorker([address], ADMIN, shapes, TOKEN) as kv:
+            assert all(np.array_equal(saved.params[k], a) for k, a in enumerate(kv.state()))
             with pytest.raises(protocol.PSError, match="all 2 worker ids are taken"):
                 kv.register("third")
             kv.shutdown()

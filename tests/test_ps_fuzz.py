@@ -1,7 +1,10 @@
 """Wire fuzzing against a live server shard process (loopback): >= 100k random, truncated, oversized,
-shape-mismatched and otherwise wrong messages. Zero crashes (the process lives and still serves a
-good pull), zero corrupted parameters (checksum before/after), every bad message answered with an
-error reply (counted on our side and by the shard's own error counter).
+shape-mismatched and otherwise wrong messages, and well-formed ones that must still be refused
+(NaN/inf gradients, steps ahead of the worker's clock, versions the shard never had, negative
+steps and versions) and packed messages whose one frame does not fit their tensors. Zero crashes (the process lives and still serves a good pull), zero corrupted
+parameters (checksum before/after), every bad message answered with an error reply (counted on our
+side and by the shard's own error counter). Replays of request ids the shard already applied are
+answered as duplicates and change nothing.
 
 Hypothesis drives a few thousand structured cases; a seeded random mutator sends the bulk fast.
 PSBENCH_FUZZ_MESSAGES=N sets the bulk size (default 100000); an atheris harness fuzzes
@@ -36,6 +39,8 @@ MAX_MB = 1
 BULK = int(os.environ.get("PSBENCH_FUZZ_MESSAGES", "100000"))
 HYPOTHESIS_CASES = int(os.environ.get("PSBENCH_FUZZ_HYPOTHESIS", "1000"))
 BATCH = 256  # messages in flight at once (the ROUTER answers in order; pipelining keeps it fast)
+PRE_APPLIED = 3  # real pushes of worker 0 (request ids 0..2, steps 0..2) before the checksum is taken
+CLOCK = {0: PRE_APPLIED, 1: 0}  # the step each worker is at, on the shard
 
 
 class Live:
@@ -80,6 +85,9 @@ def live():
         server = Live(cluster, address)
         rng = np.random.default_rng(0)
         server.admin.init([rng.standard_normal(s).astype(np.float32) for s in SHAPES])
+        with KVWorker([address], 0, SHAPES, TOKEN) as kv:  # request ids 0, 1, 2: replays of them are duplicates
+            for step in range(PRE_APPLIED):
+                assert kv.push_pull([rng.standard_normal(s).astype(np.float32) for s in SHAPES], step).staleness == 0
         server.before = server.checksum()
         yield server
         server.sock.close()
@@ -100,7 +108,7 @@ GOOD = [np.ones(s, np.float32).tobytes() for s in SHAPES]
 def mutations(rng: random.Random):
     """(category, frames): each is wrong by construction, whatever the random parts are."""
     r = rng.random
-    kind = rng.randrange(22)
+    kind = rng.randrange(26)
     if kind == 0:  # random bytes, any number of frames
         return "random", [rng.randbytes(rng.randrange(0, 200)) for _ in range(rng.randrange(1, 4))]
     if kind == 1:  # a valid header cut short
@@ -171,10 +179,46 @@ def mutations(rng: random.Random):
         if r() < 0.5:
             return "push-admin", [_header(worker=ADMIN), *GOOD]
         return "shape-values", [_header(shapes=[[-32, -16], [32]]), *GOOD]
-    # kind 21: oversized (rare: each is > 1 MiB on the wire)
-    if r() < 0.02:
-        return "oversized", [_header(), b"\x00" * (MAX_MB * 2 ** 20 + 1)]
-    return "random", [rng.randbytes(rng.randrange(0, 64))]
+    if kind == 21:  # oversized (rare: each is > 1 MiB on the wire)
+        if r() < 0.02:
+            return "oversized", [_header(), b"\x00" * (MAX_MB * 2 ** 20 + 1)]
+        return "random", [rng.randbytes(rng.randrange(0, 64))]
+    # Well-formed (right keys, shapes, dtypes, token) and still refused; request ids include replays
+    # of the applied ones (0..2): a duplicate is answered as such only when the push itself is valid.
+    worker = rng.randrange(N_WORKERS)
+    rid = rng.choice([rng.randrange(PRE_APPLIED), rng.randrange(PRE_APPLIED, 2 ** 40)])
+    step, version = rng.randrange(CLOCK[worker] + 1), rng.randrange(PRE_APPLIED + 1)
+    grads = [np.random.default_rng(rng.randrange(2 ** 32)).standard_normal(s).astype(np.float32) for s in SHAPES]
+    if kind == 22:  # a NaN or inf somewhere in one gradient
+        g = grads[rng.randrange(2)].reshape(-1)
+        g[rng.randrange(g.size)] = rng.choice([np.nan, np.inf, -np.inf])
+        return "nonfinite", _push(worker, step, version, rid, grads)
+    if kind == 23:  # a step ahead of the worker's clock (or below 0), on a push or a pull
+        step = rng.choice([CLOCK[worker] + 1 + rng.randrange(5), 2 ** rng.randrange(8, 64) - 1, -1 - rng.randrange(9)])
+        if r() < 0.5:
+            return "step-range", [_header(op="pull", worker=worker, step=step, keys=[], dtypes=[], shapes=[], rid=rid)]
+        return "step-range", _push(worker, step, version, rid, grads)
+    if kind == 24:  # a version this shard never had (or below 0)
+        version = rng.choice([PRE_APPLIED + 1 + rng.randrange(5), 2 ** rng.randrange(8, 64) - 1, -1 - rng.randrange(9)])
+        return "version-range", _push(worker, step, version, rid, grads)
+    # kind 25: packed (one frame for all tensors): a frame too short or too long, too many frames,
+    # a 'packed' that is no bool, or a well-formed packed push with a NaN/inf
+    flat = b"".join(g.tobytes() for g in grads)
+    head = _header(worker=worker, step=step, version=version, rid=rid, packed=True)
+    choice = rng.randrange(4)
+    if choice == 0:
+        return "packed", [head, flat[:rng.randrange(len(flat))] if r() < 0.5 else flat + b"\x00" * 4 * rng.randrange(1, 9)]
+    if choice == 1:
+        return "packed", [head, flat, flat[:4 * rng.randrange(1, 9)]]
+    if choice == 2:
+        return "packed", [_header(packed=rng.choice([1, 0, "yes", None, [True], 1.0])), flat]
+    g = np.frombuffer(bytearray(flat), np.float32)
+    g[rng.randrange(g.size)] = rng.choice([np.nan, np.inf, -np.inf])
+    return "packed", [head, g.tobytes()]
+
+
+def _push(worker: int, step: int, version: int, rid: int, grads: list[np.ndarray]) -> list[bytes]:
+    return [_header(worker=worker, step=step, version=version, rid=rid, want_params=True), *(g.tobytes() for g in grads)]
 
 
 def test_bulk_mutations_all_rejected(live):
@@ -196,7 +240,31 @@ def test_bulk_mutations_all_rejected(live):
     assert sent == BULK
     assert live.non_errors == [], f"bad messages answered without an error: {live.non_errors[:10]}"
     assert live.errors - errors0 == BULK
-    assert len(categories) >= 20 and categories.get("oversized", 0) > 0
+    assert len(categories) >= 23 and categories.get("oversized", 0) > 0
+    assert min(categories[c] for c in ("nonfinite", "step-range", "version-range", "packed")) > BULK // 50
+
+
+def test_replays_of_applied_request_ids_are_answered_and_change_nothing(live):
+    """Worker 0's pushes 0..2 were applied; a replay of any of them (any finite gradient, any step it
+    has been at) is answered as a duplicate: the last with the staleness it was applied with (0), the
+    older ones with none, and nothing is applied again."""
+    rng = random.Random(99)
+    n = max(200, BULK // 100)
+    for start in range(0, n, BATCH):
+        batch = []
+        for _ in range(min(BATCH, n - start)):
+            rid = rng.randrange(PRE_APPLIED)
+            grads = [np.full(s, rng.uniform(-1e3, 1e3), np.float32) for s in SHAPES]
+            batch.append((rid, _push(0, rng.randrange(CLOCK[0] + 1), rng.randrange(PRE_APPLIED + 1), rid, grads)))
+        for _, frames in batch:
+            live.sock.send_multipart(frames)
+        for rid, _ in batch:
+            assert live.sock.poll(30000)
+            reply = protocol.decode(live.sock.recv_multipart(), ops=protocol.REPLY_OPS)
+            assert reply.op == "params" and reply.extra["rid"] == rid and reply.version == PRE_APPLIED, reply.extra
+            assert reply.extra.get("staleness") == (0 if rid == PRE_APPLIED - 1 else None), reply.extra
+    assert live.checksum() == live.before
+    assert live.admin.stats()[0]["duplicates"] >= n
 
 
 # ---- hypothesis: structured headers with arbitrary values ------------------------------------------
@@ -228,7 +296,9 @@ def expected_error(frames: list[bytes]) -> bool:
         return False
     if msg.op == "pull" and msg.worker in (ADMIN, 0, 1):
         want = msg.extra.get("want_keys")
-        return not (not want or (isinstance(want, list) and all(type(k) is int and k in (0, 1) for k in want)))
+        keys_ok = not want or (isinstance(want, list) and all(type(k) is int and k in (0, 1) for k in want))
+        in_step = msg.worker == ADMIN or (msg.step <= CLOCK[msg.worker] and msg.version <= PRE_APPLIED)
+        return not (keys_ok and in_step)
     if msg.op == "state" and msg.worker in (ADMIN, 0, 1):
         return msg.extra.get("slot", "params") not in ("params", "momentum")
     if msg.op == "init" and msg.worker in (ADMIN, 0, 1) and msg.extra.get("if_absent") and \
@@ -290,11 +360,11 @@ def test_after_the_fuzz_the_shard_is_alive_unchanged_and_serving(live):
     assert server.poll() is None, "the shard process died"
     assert live.checksum() == live.before, "parameters changed"
     stats = live.admin.stats()[0]
-    assert stats["version"] == 0 and stats["applied"] == 0
+    assert stats["version"] == PRE_APPLIED and stats["applied"] == PRE_APPLIED  # the fixture's, nothing since
     assert stats["errors"] == live.errors + live.extra_errors and live.errors >= BULK
     with KVWorker([live.address], 0, SHAPES, TOKEN) as kv:
         params, version = kv.pull()
-        assert version == 0 and [params[k].shape for k in (0, 1)] == SHAPES
+        assert version == PRE_APPLIED and [params[k].shape for k in (0, 1)] == SHAPES
     print(f"\nfuzz total: {live.sent} messages answered, {live.errors} error replies, shard counted {stats['errors']}")
 
 

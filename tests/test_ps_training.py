@@ -25,6 +25,13 @@ def no_children() -> list:
     return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 
 
+def test_the_async_bar_fails_a_run_ending_at_0_6_or_zigzagging_around_0_8():
+    check_async_learned([0.3, 0.7, 0.9, 0.93, 0.95])
+    for curve in ([0.5, 0.9, 0.95, 0.93, 0.6], [0.6, 0.9, 0.78, 0.84, 0.83], [0.9, 0.95, 0.1]):
+        with pytest.raises(AssertionError):
+            check_async_learned(curve)
+
+
 def test_bsp_equals_single_process_sgd_on_the_averaged_gradient():
     spec = RunSpec("ps", "mlp-digits", workers=2, seed=3, max_steps=12)
     prep = prepare(spec)

@@ -13,7 +13,8 @@ from psbench.systems.base import parse_options
 from psbench.systems.ps import protocol
 from psbench.systems.ps.adapter import PSOptions
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.policies import DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation, resolve_lr
+from psbench.systems.ps.policies import (DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation,
+                                         resolve_lr, resolve_momentum)
 from psbench.systems.ps.server import SGD, Shard
 from psbench.core.errors import ConfigError
 
@@ -35,6 +36,42 @@ def test_roundtrip_is_exact_and_zero_copy_views():
     assert msg.extra == {"want_params": True}
     np.testing.assert_array_equal(msg.arrays[0], a)
     np.testing.assert_array_equal(msg.arrays[1], b)
+
+
+def test_packed_roundtrip_is_one_frame_of_views():
+    a, b = np.arange(12, dtype=np.float32).reshape(3, 4), np.ones(5, np.float32)
+    flat = np.concatenate([a.reshape(-1), b])
+    frames = protocol.encode("push", worker=1, keys=[4, 5], arrays=[a, b], packed=flat)
+    assert len(frames) == 2 and frames[1] is flat  # one frame, the buffer itself
+    msg = protocol.decode(frames_bytes(frames))
+    assert msg.keys == [4, 5] and "packed" not in msg.extra
+    np.testing.assert_array_equal(msg.arrays[0], a)
+    np.testing.assert_array_equal(msg.arrays[1], b)
+    np.testing.assert_array_equal(msg.flat, flat)
+    assert msg.arrays[1].base is not None and np.shares_memory(msg.arrays[1], msg.flat)
+    layout = (["float32", "float32"], [[3, 4], [5]])
+    same = protocol.encode("push", worker=1, keys=[4, 5], layout=layout, packed=flat)
+    assert frames_bytes(same) == frames_bytes(frames)
+
+
+def packed(shapes, nbytes, n_frames=1, **over):
+    header = {"op": "push", "worker": 0, "step": 0, "version": 0, "keys": list(range(len(shapes))),
+              "dtypes": ["float32"] * len(shapes), "shapes": shapes, "packed": True}
+    header.update(over)
+    return [msgpack.packb(header)] + [b"\x00" * nbytes] * n_frames
+
+
+@pytest.mark.parametrize("frames, message", [
+    (packed([[2], [3]], 16), "needs 12 bytes at byte 8 of the packed frame, which has 16"),
+    (packed([[2], [3]], 24), "packed frame has 24 bytes, its 2 tensors 20"),
+    (packed([[2], [3]], 20, n_frames=2), "but the message has 2 tensor frames (packed: one frame for all)"),
+    (packed([[2], [3]], 20, n_frames=0), "but the message has 0 tensor frames (packed: one frame for all)"),
+    (packed([[2]], 8, packed="yes"), "'packed' must be true or false"),
+    (packed([[2]], 8, packed=1), "'packed' must be true or false"),
+])
+def test_decode_rejects_bad_packed_messages(frames, message):
+    with pytest.raises(protocol.ProtocolError, match=re.escape(message)):
+        protocol.decode(frames)
 
 
 def good(**over):
@@ -146,12 +183,21 @@ def test_mitigations_by_hand():
 def test_parsers_and_options():
     assert parse_consistency("ssp:3") == ("ssp", 3)
     assert isinstance(parse_mitigation("dc-asgd:0.04"), DCASGD)
-    assert resolve_lr("auto", "asp", 4) == 0.25 and resolve_lr("auto", "bsp", 4) == 1.0
+    assert resolve_lr("auto", "asp", 4) == 1.0 and resolve_lr("auto", "bsp", 4) == 1.0
+    assert resolve_lr("1/n", "asp", 4) == 0.25
+    # asynchrony brings momentum of its own: 1 - (1 - 0.9) * N under asp/ssp (0 from N = 10 on)
+    assert resolve_momentum("auto", "asp", 1, 0.9) == 0.9 and resolve_momentum("auto", "bsp", 4, 0.9) == 0.9
+    assert resolve_momentum("auto", "ssp:2", 2, 0.9) == pytest.approx(0.8)
+    assert resolve_momentum("auto", "asp", 4, 0.9) == pytest.approx(0.6)
+    assert resolve_momentum("auto", "asp", 12, 0.9) == 0.0 and resolve_momentum("none", "asp", 4, 0.9) == 0.9
+    with pytest.raises(ConfigError, match="momentum_scaling 'half' unknown"):
+        resolve_momentum("half", "asp", 2, 0.9)
     assert resolve_lr("0.5", "asp", 4) == 0.5
     opts = parse_options(PSOptions, {"consistency": "ssp:2", "servers": "2", "mitigation": "gap-aware"}, "ps")
     assert opts.servers == 2
     for bad in [{"consistency": "ssp:x"}, {"consistency": "async"}, {"servers": "0"}, {"servers": "two"},
                 {"mitigation": "dc-asgd:abc"}, {"mitigation": "magic"}, {"lr_scaling": "-1"},
+                {"momentum_scaling": "0.5"}, {"nonfinite": "ignore"},
                 {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token": ""}, {"nope": 1}]:
         with pytest.raises(ConfigError):
             parse_options(PSOptions, bad, "ps")
@@ -211,8 +257,10 @@ def test_ssp_holds_a_worker_more_than_s_ahead():
     send(shard, b"b", "push", 1, step=0, arrays=g, want_params=True)  # slowest now 1: both may go
     assert sorted(i for i, _ in replies(shard)) == [b"a", b"b"]
     send(shard, b"b", "bye", 1)
-    send(shard, b"a", "pull", 0, step=5)  # worker 1 left: nobody to wait for
-    assert [m.op for _, m in replies(shard)] == ["ok", "params"]
+    for step in (2, 3, 4):  # worker 1 (at step 1) left: nobody to wait for, though 0 runs 3 steps ahead
+        send(shard, b"a", "push", 0, step=step, arrays=g, want_params=True)
+    send(shard, b"a", "pull", 0, step=5)
+    assert [m.op for _, m in replies(shard)] == ["ok", "params", "params", "params", "params"]
     assert shard.policy.max_gap <= 1
 
 
@@ -289,3 +337,47 @@ def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
     with pytest.raises(ConfigError, match="pipeline needs consistency asp"):
         parse_options(PSOptions, {"consistency": "bsp", "pipeline": "true"}, "ps")
     assert parse_options(PSOptions, {"consistency": "asp", "pipeline": "true"}, "ps").pipeline is True
+
+
+def test_a_packed_push_updates_like_one_frame_per_key():
+    grads = [np.array([1, 2, 3], np.float32), np.array([[4, 5]], np.float32)]
+    results = []
+    for pack in (False, True):
+        shard = Shard(0, 1, lr=0.5, momentum=0.9)
+        send(shard, b"admin", "init", -1, arrays=[np.zeros(3, np.float32), np.ones((1, 2), np.float32)])
+        frames = protocol.encode("push", worker=0, keys=[0, 1], arrays=grads, want_params=True,
+                                 packed=np.concatenate([g.reshape(-1) for g in grads]) if pack else None)
+        shard.receive(b"a", frames_bytes(frames), None, protocol.DEFAULT_MAX_BYTES)
+        [(_, reply)] = replies(shard)[1:]
+        assert reply.op == "params" and reply.flat is not None  # the answer is packed either way
+        results.append([a.copy() for a in reply.arrays])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(results[1][1], [[-1.0, -1.5]])  # 1 - 0.5 * [4, 5]
+
+
+def test_a_push_off_a_socket_is_answered_with_its_own_frame():
+    """The update is written into the received gradient frame, which goes back by reference."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        shard = make_shard("asp", n=1)  # lr 1, w = 0
+        g = np.array([1, 2, 3], np.float32)
+        dealer.send_multipart(protocol.encode("push", worker=0, keys=[0], arrays=[g], packed=g, want_params=True),
+                              copy=False)
+        ident, *frames = router.recv_multipart(copy=False)
+        shard.receive(ident.bytes, frames, None, protocol.DEFAULT_MAX_BYTES)
+        [(_, out)] = shard.outbox
+        assert out[1] is frames[1] and shard.flat_frame is frames[1]
+        np.testing.assert_array_equal(np.frombuffer(frames[1].buffer, np.float32), -g)
+        assert protocol._SNDMORE == zmq.SNDMORE
+        protocol.send_frames(router, [ident, *out])
+        reply = protocol.decode(protocol.recv_frames(dealer))
+        np.testing.assert_array_equal(reply.arrays[0], -g)
+    finally:
+        router.close(0)
+        dealer.close(0)

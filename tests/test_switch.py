@@ -101,7 +101,12 @@ def test_switch_run_reaches_accuracy(switched):
     evals = read_table(result.out_dir, "evals")
     check_async_learned(evals[evals["split"] == "val"]["accuracy"])
     assert result.summary["time_to_target_s"] is not None
-    assert result.summary["staleness_mean"] >= 0
+    # staleness comes from the async phase alone (allreduce rows have none), and two ASP workers
+    # interleave, so some updates are stale
+    steps = read_table(result.out_dir, "steps")
+    async_staleness = steps[steps["step"] >= SWITCH_STEP]["staleness"]
+    assert result.summary["staleness_mean"] == pytest.approx(async_staleness.mean())
+    assert result.summary["staleness_mean"] > 0 and result.summary["staleness_max"] >= 1
 
 
 def test_criterion_that_never_fires_runs_sync_only(tmp_path):

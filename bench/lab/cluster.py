@@ -256,18 +256,19 @@ def _plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str
     if spec.system == "ps":
         from psbench.systems.base import parse_options
         from psbench.systems.ps.adapter import PSOptions
-        from psbench.systems.ps.policies import resolve_lr
+        from psbench.systems.ps.policies import resolve_lr, resolve_momentum
         from psbench.workloads import get_workload
 
         opts = parse_options(PSOptions, spec.options, "ps")
         w = get_workload(spec.workload)
         lr = (spec.lr or w.optimizer.lr) * resolve_lr(opts.lr_scaling, opts.consistency, spec.workers)
+        momentum = resolve_momentum(opts.momentum_scaling, opts.consistency, spec.workers, w.optimizer.momentum)
         token_env = {"PSBENCH_PS_TOKEN": token} if token else {}
         servers = [f"{addrs[h]}:{cf.port + j}" for j, h in enumerate(cf.role_hosts("ps-server"))]
         roles = [PlannedRole(f"ps-server{j}", h, py + [
             "ps-server", "--bind", servers[j], "--shard-id", str(j), "--servers", str(len(servers)),
             "--workers", str(spec.workers), "--consistency", opts.consistency, "--mitigation", opts.mitigation,
-            "--lr", repr(lr), "--momentum", repr(w.optimizer.momentum), "--weight-decay", repr(w.optimizer.weight_decay),
+            "--lr", repr(lr), "--momentum", repr(momentum), "--weight-decay", repr(w.optimizer.weight_decay),
             "--step-timeout-s", repr(opts.step_timeout_s)], "server", token_env, ready_port=cf.port + j)
             for j, h in enumerate(cf.role_hosts("ps-server"))]
         for k, h in enumerate(cf.role_hosts("worker")):

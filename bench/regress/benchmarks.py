@@ -50,10 +50,18 @@ def harness_overhead(quick: bool = False) -> dict[str, float]:
 
 
 def ps_overhead(quick: bool = False) -> dict[str, float]:
-    """The parameter server against `single`: ASP with 1 worker, samples/s side by side. Higher is
-    better. (Push+pull against a raw pyzmq echo is timed by pytest-benchmark: regress's `micro`.)"""
-    from psbench.bench.regress.ps_benchmarks import ratio_asp_vs_single
+    """The parameter server against `single`, side by side: strict ASP (no pipelining) with 1 worker
+    vs `single` per step on cnn-mnist1d and mlp-digits (a round trip costs about what a step does
+    there: the PS's fixed cost laid bare), in alternating bursts (whole runs of a few hundred ms
+    swung 3x under load), and that PS step against the same step over a raw pyzmq echo (the floor
+    of any PS on pyzmq here). Higher is better. (Push+pull against a raw pyzmq echo of the same
+    bytes is timed by pytest-benchmark: regress's `micro`.)"""
+    from psbench.bench.regress.ps_benchmarks import ratio_asp_vs_single_interleaved
 
-    # cnn-mnist1d: enough compute per step that the ratio measures the PS, not timer noise.
-    asp = ratio_asp_vs_single({"cnn-mnist1d": 300 if quick else 600}, repeats=1, pipelined=False)
-    return {"asp1_vs_single_cnn_mnist1d": asp["asp1_vs_single_cnn-mnist1d"]}
+    asp = ratio_asp_vs_single_interleaved(("cnn-mnist1d", "mlp-digits"), rounds=10 if quick else 20)
+    out = {}
+    for name in ("cnn_mnist1d", "mlp_digits"):
+        out[f"asp1_vs_single_{name}"] = asp[f"asp1_vs_single_{name}"]
+        # the same step with a raw pyzmq echo in place of the PS: what the PS itself costs
+        out[f"asp1_vs_echo_{name}"] = asp[f"asp1_vs_echo_{name}"]
+    return out

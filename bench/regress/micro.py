@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -84,37 +83,10 @@ def wire_decode() -> Iterator[Sides]:
     yield {"psbench": lambda: protocol.decode(frames), "reference": reference}
 
 
-@contextlib.contextmanager
-def _echo() -> Iterator[Any]:
-    """A raw pyzmq ROUTER echo in its own process (ps_benchmarks' 'no PS' baseline), and a DEALER to it."""
-    import zmq
-
-    from psbench.core.supervisor import Supervisor
-    from psbench.systems.common import child_env
-
-    port_file = Path(tempfile.mkdtemp(prefix="psbench-echo-")) / "port"
-    with Supervisor() as sup:
-        sup.spawn("echo", [sys.executable, "-c", "from psbench.bench.regress.ps_benchmarks import _echo_server; "
-                           f"_echo_server({str(port_file)!r})"], env=child_env())
-        deadline = time.monotonic() + 60
-        while not (port_file.is_file() and port_file.read_text()):
-            if time.monotonic() > deadline or sup.failed():
-                raise RuntimeError("the echo server did not start")
-            time.sleep(0.05)
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://127.0.0.1:{port_file.read_text()}")
-        try:
-            yield sock
-        finally:
-            sock.send_multipart([b"stop"])
-            sock.close()
-            port_file.unlink(missing_ok=True)
-
-
 def _roundtrip(size_mb: int) -> Callable[[], contextlib.AbstractContextManager[Sides]]:
     @contextlib.contextmanager
     def case() -> Iterator[Sides]:
+        from psbench.bench.regress.ps_benchmarks import echo
         from psbench.systems.ps.launch import Cluster
         from psbench.systems.ps.worker import KVWorker
 
@@ -122,11 +94,11 @@ def _roundtrip(size_mb: int) -> Callable[[], contextlib.AbstractContextManager[S
         grad = np.ones(shape, np.float32)
         header = b"h" * 120  # about the size of a push header
 
-        with _echo() as raw, Cluster(1, 1, "bench") as cluster:
+        with echo() as raw, Cluster(1, 1, "bench") as cluster:
             [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "64"])
             with KVWorker([address], 0, [shape], "bench", max_bytes=64 * MB) as kv:
                 kv.init([np.zeros(shape, np.float32)])
-                step = iter(range(1, 1 << 62))
+                step = iter(range(1 << 62))  # from 0: a shard refuses a step ahead of the worker's clock
 
                 def reference() -> np.ndarray:
                     raw.send_multipart([header, grad], copy=False)

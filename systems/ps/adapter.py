@@ -30,7 +30,8 @@ from psbench.systems.common import (Prepared, configure_threads, evaluate_splits
                                     record_evals, set_flat_buffers, set_flat_params, split_flat)
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr
+from psbench.systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr, resolve_momentum
+from psbench.systems.ps.server import NONFINITE_MODES
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
 
@@ -40,9 +41,14 @@ class PSOptions:
     consistency: str = option("asp", "bsp | asp | ssp:S (a worker at most S steps ahead of the slowest)")
     servers: int = option(1, "number of server shards (keys split by size across them)")
     mitigation: str = option("none", "none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
-    lr_scaling: str = option("auto", "auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
+    lr_scaling: str = option("auto", "auto (1: every update is one batch of the workload's size, as in single) | "
+                                     "none | 1/n (the thesis' lr / N, which went with batch / N) | a factor")
+    momentum_scaling: str = option("auto", "auto (asp/ssp: 1 - (1 - m) * N, at least 0, for the workload's momentum "
+                                           "m: asynchrony adds momentum of its own; bsp: m) | none (m as is)")
     pipeline: bool = option(False, "asp only: each worker overlaps its push's round trip with the next "
                                    "step's compute (ps-lite's async push; staleness >= 1)")
+    nonfinite: str = option("reject", "a push whose gradient holds NaN or inf: reject (an error reply naming "
+                                      "the key; the worker fails) | skip (answered, not applied; counted)")
     host: str = option("127.0.0.1", "address the server shards bind")
     token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
                                         "else a random one per run; an option value is saved in the manifest)")
@@ -59,8 +65,11 @@ class PSOptions:
         parse_consistency(self.consistency)
         parse_mitigation(self.mitigation)
         resolve_lr(self.lr_scaling, self.consistency, 1)
+        resolve_momentum(self.momentum_scaling, self.consistency, 1, 0.9)
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1, got {self.servers}")
+        if self.nonfinite not in NONFINITE_MODES:
+            raise ConfigError(f"nonfinite '{self.nonfinite}' unknown; allowed: {' | '.join(NONFINITE_MODES)}")
         if self.pipeline and parse_consistency(self.consistency)[0] != "asp":
             raise ConfigError(f"pipeline needs consistency asp, got {self.consistency!r}: under bsp/ssp a worker "
                               f"must wait for its reply")
@@ -150,11 +159,12 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     flat0 = flat_params(model) if init_params is None else np.asarray(init_params, dtype=np.float32)
     opt = prep.workload.optimizer
     lr = prep.lr * resolve_lr(options.lr_scaling, options.consistency, n)
+    server_momentum = resolve_momentum(options.momentum_scaling, options.consistency, n, opt.momentum)
     # A token given as an option is recorded in the manifest with the spec; the env var is not.
     token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
     server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
-                   "--momentum", repr(opt.momentum), "--weight-decay", repr(opt.weight_decay),
-                   "--step-timeout-s", repr(options.step_timeout_s),
+                   "--momentum", repr(server_momentum), "--weight-decay", repr(opt.weight_decay),
+                   "--step-timeout-s", repr(options.step_timeout_s), "--nonfinite", options.nonfinite,
                    "--checkpoint-every", options.checkpoint_every]
     if parse_consistency(options.consistency)[0] == "ssp":
         server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]
@@ -182,7 +192,7 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         addresses = cluster.start_servers(server_args)
         with KVWorker(addresses, ADMIN, shapes, token) as admin:
             admin.init(split_flat(flat0, shapes), step=start_step)
-            if init_momentum is not None and opt.momentum:
+            if init_momentum is not None and server_momentum:
                 admin.init(split_flat(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
             cluster.start_workers(worker_args, addresses, extra)
             if before_go is not None:
@@ -197,7 +207,7 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
             with recorder.paused():
                 final = np.concatenate([a.reshape(-1) for a in admin.state("params")])
                 momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
-                            if opt.momentum else None)
+                            if server_momentum else None)
                 stats = admin.stats()
                 admin.shutdown()
                 cluster.wait_workers()
@@ -232,7 +242,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
             record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=t_wall)
     ps_extra = recorder.extra.setdefault("ps", {"phases": []})
     ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
-                               "mitigation": options.mitigation, "lr_applied": lr, "start_step": start_step,
+                               "mitigation": options.mitigation, "lr_applied": lr, "momentum_applied": server_momentum,
+                               "start_step": start_step,
                                "shards": stats,
                                "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
                                           "server_restarts": cluster.restarts,

@@ -1,7 +1,8 @@
 """Shard checkpoints: raw .npy tensors plus a JSON header, each file written atomically.
 
-    <dir>/shard-<j>-v<version>.npy   params then momentum, flattened and concatenated (float32)
-    <dir>/shard-<j>.json             {version, keys, shapes, momentum, file, sha256, policy, done_rid, ...}
+    <dir>/shard-<j>-v<version>.npy   params, then momentum, then each extra slot (e.g. gap-aware's running
+                                     average), every one in key order, flattened and concatenated (float32)
+    <dir>/shard-<j>.json             {version, keys, shapes, momentum, slots, file, sha256, policy, done_rid, ...}
 
 The .npy is written first under a name carrying the version, then the header is replaced to point
 at it; only then is the previous .npy removed. A crash at any point leaves a header that names a
@@ -13,7 +14,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,16 @@ def header_path(directory: Path, shard_id: int) -> Path:
 
 
 def save(directory: Path, shard_id: int, version: int, keys: list[int], params: dict[int, np.ndarray],
-         momentum: dict[int, np.ndarray], extra: dict[str, Any]) -> Path:
+         momentum: dict[int, np.ndarray], extra: dict[str, Any],
+         slots: dict[str, dict[int, np.ndarray]] | None = None) -> Path:
+    """`slots`: more per-key float32 tensors to keep (empty ones are left out), e.g. a mitigation's state."""
     directory = Path(directory)
+    slots = {name: tensors for name, tensors in (slots or {}).items() if tensors}
+    for name, tensors in slots.items():
+        if sorted(tensors) != sorted(keys) or any(tensors[k].dtype != np.float32 for k in keys):
+            raise ValueError(f"checkpoint slot {name!r} must hold a float32 tensor for every key")
     tensors = [params[k] for k in keys] + ([momentum[k] for k in keys] if momentum else [])
+    tensors += [slot[k] for slot in slots.values() for k in keys]
     flat = np.concatenate([t.reshape(-1) for t in tensors]).astype(np.float32, copy=False)
     data = directory / f"shard-{shard_id}-v{version}.npy"
     atomic_write(data, lambda tmp: _save_npy(tmp, flat))
@@ -68,6 +76,7 @@ def save(directory: Path, shard_id: int, version: int, keys: list[int], params: 
     previous = _read_header(header)
     atomic_write_json(header, {"format": FORMAT, "shard": shard_id, "version": version, "keys": keys,
                                "shapes": [list(params[k].shape) for k in keys], "momentum": bool(momentum),
+                               "slots": list(slots),
                                "file": data.name, "sha256": hashlib.sha256(flat.tobytes()).hexdigest(),
                                "time": time.time(), **extra})
     if previous and previous.get("file") and previous["file"] != data.name:
@@ -94,6 +103,7 @@ class Restored:
     params: dict[int, np.ndarray]
     momentum: dict[int, np.ndarray]
     header: dict[str, Any]
+    slots: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
 
 
 def load(directory: Path, shard_id: int) -> Restored:
@@ -108,14 +118,16 @@ def load(directory: Path, shard_id: int) -> Restored:
     shapes = [tuple(int(d) for d in s) for s in header["shapes"]]
     sizes = [math.prod(s) for s in shapes]
     n = sum(sizes)
-    if flat.dtype != np.float32 or flat.ndim != 1 or len(flat) != n * (2 if header["momentum"] else 1):
-        raise ConfigError(f"checkpoint {header['file']} has {flat.shape} {flat.dtype}, header expects {n} float32")
-    params, momentum, offset = {}, {}, 0
-    for k, shape, size in zip(keys, shapes, sizes):
-        params[k] = flat[offset:offset + size].reshape(shape).copy()
-        offset += size
-    if header["momentum"]:
+    names = ["params"] + (["momentum"] if header["momentum"] else []) + [str(s) for s in header.get("slots", [])]
+    if flat.dtype != np.float32 or flat.ndim != 1 or len(flat) != n * len(names):
+        raise ConfigError(f"checkpoint {header['file']} has {flat.shape} {flat.dtype}, header expects "
+                          f"{n * len(names)} float32")
+    slots: dict[str, dict[int, np.ndarray]] = {}
+    offset = 0
+    for name in names:
+        slot = slots.setdefault(name, {})
         for k, shape, size in zip(keys, shapes, sizes):
-            momentum[k] = flat[offset:offset + size].reshape(shape).copy()
+            slot[k] = flat[offset:offset + size].reshape(shape).copy()
             offset += size
-    return Restored(int(header["version"]), keys, params, momentum, header)
+    params, momentum = slots.pop("params"), slots.pop("momentum", {})
+    return Restored(int(header["version"]), keys, params, momentum, header, slots)

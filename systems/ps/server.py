@@ -5,8 +5,14 @@ machine (no sockets, testable in-process); `serve` runs it behind a zmq ROUTER s
 Parameters are never updated in place: each update builds new arrays. So a reply that is still
 in zmq's send queue (sent zero-copy) keeps the exact values it was sent with, and the per-worker
 record of what was sent (the w_pulled that DC-ASGD and gap-aware need) holds references, free.
+The new arrays are, where it can be, the pushed gradient's own received frame: the update is
+written into it and the frame goes back in the reply by reference (no allocation, no copy, and no
+work for pyzmq's garbage-collector thread, which a zero-copy send of a numpy array costs).
 A pipelined worker (`--pipeline`) computes on the parameters of the reply before the last one and
 says so (`based_on`); so the record keeps each worker's last SENT_HISTORY sends.
+
+`handle` checks a message completely before it changes anything: a message that fails a check
+gets one error reply and leaves the shard as it was, liveness and request-id records included.
 
 Run by hand: `psbench ps-server --bind 127.0.0.1:5555 --shard-id 0 --servers 1 --workers 2 ...`
 """
@@ -20,7 +26,7 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,31 +36,49 @@ from psbench.systems.ps.policies import Mitigation, Policy, Request, make_policy
 log = logging.getLogger("psbench.ps.server")
 ADMIN = -1  # the worker id of the launcher / operator (init, state, stats, shutdown)
 SENT_HISTORY = 2  # (version, params) sends remembered per worker: a pipelined push is one reply behind
+NONFINITE_MODES = ("reject", "skip")
 
 
 @dataclass
 class SGD:
-    """torch.optim.SGD's update (dampening 0, no Nesterov), per key, out of place on the weights."""
+    """torch.optim.SGD's update (dampening 0, no Nesterov), out of place on the weights. (numpy, two
+    passes: torch's fused add, tried here, was slower on a buffer it also writes, and its per-call
+    cost doubled a small model's update.)"""
     momentum: float = 0.0
     weight_decay: float = 0.0
 
-    def step(self, w: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float) -> np.ndarray:
+    def step(self, w: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float,
+             out: np.ndarray | None = None) -> np.ndarray:
+        """The new weights, in `out` if given (it may be g's own buffer, never w's). `buf` (the
+        momentum) is updated in place."""
         if self.weight_decay:
             g = g + np.float32(self.weight_decay) * w
         if self.momentum and buf is not None:
             buf *= np.float32(self.momentum)
             buf += g
             g = buf
-        out = np.multiply(g, np.float32(-lr))
+        out = np.multiply(g, np.float32(-lr), out=out)
         out += w
         return out
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """No NaN or inf in `a`. dot(a, a) is finite exactly when every element is (a NaN or inf
+    propagates and squares cannot cancel one), unless finite values overflow it: then look at each
+    element. One BLAS pass, no temporary (np.isfinite(a).all() allocates a mask)."""
+    flat = a.reshape(-1)
+    return bool(np.isfinite(np.dot(flat, flat))) or bool(np.isfinite(flat).all())
 
 
 class Shard:
     def __init__(self, shard_id: int, n_workers: int, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  consistency: str = "asp", mitigation: str = "none", step_timeout_s: float = 60.0,
                  worker_timeout_s: float | None = None, checkpoint_dir: str | None = None,
-                 checkpoint_every: str = "100"):
+                 checkpoint_every: str = "100", nonfinite: str = "reject"):
+        from psbench.core.errors import ConfigError
+
+        if nonfinite not in NONFINITE_MODES:
+            raise ConfigError(f"nonfinite '{nonfinite}' unknown; allowed: {' | '.join(NONFINITE_MODES)}")
         self.shard_id = shard_id
         self.n_workers = n_workers
         self.lr = lr
@@ -63,25 +87,32 @@ class Shard:
         self.policy: Policy = make_policy(consistency, n_workers)
         self.mitigation: Mitigation = parse_mitigation(mitigation)
         self.step_timeout_s = step_timeout_s
+        self.nonfinite = nonfinite  # a push with NaN/inf: reject (error reply) or skip (answered, not applied)
+        # One flat float32 vector holds all of this shard's parameters in key order (tensor fusion:
+        # one update, one check, one frame per message however many keys); per-key views on demand.
         self.keys: list[int] = []
         self.shapes: dict[int, tuple[int, ...]] = {}
-        self.params: dict[int, np.ndarray] = {}
-        self.momentum: dict[int, np.ndarray] = {}
+        self.spans: dict[int, tuple[int, int]] = {}  # key -> [start, end) in the flat vector
+        self.layout: tuple[list[str], list[list[int]]] = ([], [])  # header dtypes and shapes, key order
+        self.flat = np.zeros(0, np.float32)
+        self.flat_frame: Any = None  # the zmq frame self.flat lives in (sent by reference), if any
+        self.momentum_flat: np.ndarray | None = None
         self.version = 0
         self.start_version = 0  # the version a worker holds before anything was sent to it (init / restore)
-        self.sent: dict[int, deque[tuple[int, dict[int, np.ndarray]]]] = {}  # per worker: its last (version, params)
-        self.based_on: dict[int, int] = {}  # the version a worker's pending push says it was computed on
+        self.sent: dict[int, deque[tuple[int, np.ndarray]]] = {}  # per worker: its last (version, flat params)
         self.staleness = Counter()
         self.n_errors = 0
+        self.n_nonfinite = 0  # pushes with a NaN/inf gradient (rejected or skipped)
         self.stopping = False
         self.outbox: list[tuple[bytes, list[Any]]] = []
         # Fault tolerance: liveness (last message time per worker), de-duplication of retried
-        # pushes (the last request id applied per worker), ids handed out by `register`.
+        # pushes (per worker, the last request id applied and the staleness it was applied with),
+        # ids handed out by `register`.
         self.worker_timeout_s = worker_timeout_s
         self.last_seen: dict[int, float] = {}
         self.dropped: set[int] = set()        # workers the policy stopped waiting for (dead)
         self.lost_workers: list[int] = []
-        self.done_rid: dict[int, int] = {}
+        self.done: dict[int, tuple[int, int | None]] = {}
         self.n_duplicates = 0
         self.registered: dict[str, int] = {}  # nonce -> worker id
         self.finished: set[int] = set()       # workers that said bye (a job's launcher polls stats for it)
@@ -94,51 +125,102 @@ class Shard:
         self.n_checkpoints = 0
         self.restored_version: int | None = None
 
-    # ---- what policies call ---------------------------------------------------------------
-    def apply(self, grads: dict[int, np.ndarray], workers: list[int]) -> int:
-        """One optimizer update from `grads` (already averaged under BSP). Returns its staleness."""
-        tau = max(self.version - self._basis(w)[0] for w in workers)
-        pulled = self._basis(workers[0])[1]
-        new: dict[int, np.ndarray] = {}
+    # ---- the flat vector and its per-key views ------------------------------------------------
+    def _set_layout(self, shapes: dict[int, tuple[int, ...]]) -> None:
+        self.keys = sorted(shapes)
+        self.shapes = dict(shapes)
+        self.spans, offset = {}, 0
         for k in self.keys:
-            w_now = self.params[k]
-            g, lr = self.mitigation.adjust(k, grads[k], self.lr, tau, w_now, pulled.get(k, w_now))
-            new[k] = self.optimizer.step(w_now, g, self.momentum.get(k), lr)
-        self.params = new
-        self.version += 1
-        self.staleness[tau] += 1
+            n = int(np.prod(self.shapes[k], dtype=np.int64))
+            self.spans[k] = (offset, offset + n)
+            offset += n
+        self.layout = (["float32"] * len(self.keys), [list(self.shapes[k]) for k in self.keys])
+
+    def views(self, flat: np.ndarray) -> dict[int, np.ndarray]:
+        """Per-key views of a flat vector in this shard's layout."""
+        return {k: flat[a:b].reshape(self.shapes[k]) for k, (a, b) in self.spans.items()}
+
+    def pack(self, tensors: dict[int, np.ndarray]) -> np.ndarray:
+        """One new flat vector from per-key tensors (all of this shard's keys)."""
+        if not self.keys:
+            return np.zeros(0, np.float32)
+        return np.concatenate([np.asarray(tensors[k], np.float32).reshape(-1) for k in self.keys])
+
+    @property
+    def params(self) -> dict[int, np.ndarray]:
+        return self.views(self.flat)
+
+    @property
+    def momentum(self) -> dict[int, np.ndarray]:
+        return {} if self.momentum_flat is None else self.views(self.momentum_flat)
+
+    # ---- what policies call ---------------------------------------------------------------
+    def apply(self, grad: np.ndarray | None, reqs: list[Request], reusable: bool = False,
+              frame: Any = None) -> int | None:
+        """One optimizer update from the flat gradient `grad` (already averaged under BSP), the
+        pushes `reqs`'. Returns its staleness; None for a skipped push (grad None: nothing applied).
+        `reusable`: grad's buffer may take the new weights (then `frame`, if any, is the zmq frame
+        it lives in, which the replies send by reference)."""
+        tau = None
+        if grad is not None:
+            bases = [self._basis(r) for r in reqs]
+            tau = max(self.version - version for version, _ in bases)
+            g, lr = self.mitigation.adjust(0, grad, self.lr, tau, self.flat, bases[0][1])
+            out = grad if reusable else None
+            self.flat = self.optimizer.step(self.flat, g, self.momentum_flat, lr, out)
+            self.flat_frame = frame if out is not None else None
+            self.version += 1
+            self.staleness[tau] += 1
+        for r in reqs:
+            if r.rid is not None:
+                self.done[r.worker] = (r.rid, tau)
         return tau
 
-    def _basis(self, w: int) -> tuple[int, dict[int, np.ndarray]]:
-        """The version and parameters worker w's gradient was computed on: the earlier send its push
-        names (pipelined), else the last one sent to it. A named version we never sent it (or lost
-        in a restart) falls back to the last send, so a wrong claim cannot corrupt anything."""
-        sends = self.sent.get(w)
+    def _basis(self, req: Request) -> tuple[int, np.ndarray]:
+        """The version and parameters a push's gradient was computed on: the earlier send it names
+        (pipelined), else the last one sent to its worker. A named version we never sent it (or
+        lost in a restart) falls back to the last send, so a wrong claim cannot corrupt anything."""
+        sends = self.sent.get(req.worker)
         if not sends:
-            return self.start_version, self.params
-        named = self.based_on.get(w)
+            return self.start_version, self.flat
+        named = req.based_on
+        if named is None:
+            return sends[-1]
         return next((send for send in sends if send[0] == named), sends[-1])
 
-    def _params_frames(self, req: Request, op: str, keys: list[int], **extra: Any) -> list[Any]:
+    def _params_frames(self, req: Request, op: str, keys: list[int] | None, **extra: Any) -> list[Any]:
+        """The parameters of `keys` (None: all, as one packed frame: the flat vector itself)."""
         if req.worker != ADMIN:
-            # a reference: params are replaced, not mutated
-            self.sent.setdefault(req.worker, deque(maxlen=SENT_HISTORY)).append((self.version, self.params))
+            # a reference: the flat vector is replaced, not mutated
+            self.sent.setdefault(req.worker, deque(maxlen=SENT_HISTORY)).append((self.version, self.flat))
+        if keys is None:
+            return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=self.keys,
+                                   layout=self.layout, packed=self.flat if self.flat_frame is None else self.flat_frame,
+                                   **_rid(req.rid), **extra)
+        params = self.params
         return protocol.encode(op, worker=req.worker, step=req.step, version=self.version, keys=keys,
-                               arrays=[self.params[k] for k in keys], **_rid(req.rid), **extra)
+                               arrays=[params[k] for k in keys], **_rid(req.rid), **extra)
 
-    def reply_push(self, req: Request, staleness: int) -> None:
+    def reply_push(self, req: Request, staleness: int | None) -> None:
+        fields = {} if staleness is None else {"staleness": staleness}
         if req.want_params:
-            frames = self._params_frames(req, "params", self.keys, staleness=staleness)
+            frames = self._params_frames(req, "params", None, **fields)
         else:
-            frames = protocol.encode("ok", worker=req.worker, step=req.step, version=self.version, staleness=staleness,
-                                     **_rid(req.rid))
+            frames = protocol.encode("ok", worker=req.worker, step=req.step, version=self.version,
+                                     **_rid(req.rid), **fields)
         self.outbox.append((req.ident, frames))
 
     def reply_pull(self, req: Request) -> None:
-        self.outbox.append((req.ident, self._params_frames(req, "params", req.keys or self.keys)))
+        keys = None if not req.keys or req.keys == self.keys else req.keys
+        self.outbox.append((req.ident, self._params_frames(req, "params", keys)))
 
     def reply_error(self, req: Request, text: str) -> None:
         self.error(req.ident, text, req.worker, req.rid)
+
+    def _reply(self, req: Request, op: str = "ok", **fields: Any) -> None:
+        """A small answer; it always echoes the request id (the client matches answers by it)."""
+        self.outbox.append((req.ident, protocol.encode(op, worker=req.worker, version=self.version,
+                                                       **_rid(req.rid), **fields)))
 
     def error(self, ident: bytes, text: str, worker: int = ADMIN, rid: int | None = None) -> None:
         self.n_errors += 1
@@ -148,86 +230,145 @@ class Shard:
 
     # ---- requests -------------------------------------------------------------------------
     def handle(self, ident: bytes, msg: protocol.Message, now: float | None = None) -> None:
-        """Act on one decoded message. Everything is checked before any state changes."""
+        """Act on one decoded message. Every check runs first (`_check_*` change nothing and return
+        the action); only a message that passed them all counts as a sign of life and acts."""
         now = time.monotonic() if now is None else now
         op, w = msg.op, msg.worker
         if op not in protocol.SERVER_OPS:
             raise protocol.ProtocolError(f"op '{op}' is not a request a server answers")
         if not (w == ADMIN or 0 <= w < self.n_workers):
             raise protocol.ProtocolError(f"worker id {w} out of range (0..{self.n_workers - 1}, or -1 for admin)")
-        rid = msg.extra.get("rid")
-        req = Request(ident, w, msg.step, now, want_params=bool(msg.extra.get("want_params", False)), rid=rid)
+        req = Request(ident, w, msg.step, now, op=op, want_params=bool(msg.extra.get("want_params", False)),
+                      rid=msg.extra.get("rid"))
+        act = self._check(req, msg)
         if w != ADMIN:
             self._seen(w, now)
-        if op == "register":
-            self._register(req, msg)
-        elif op == "init":
-            self._init(req, msg)
-        elif op == "stats":
-            self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version, stats=self.stats(now))))
-        elif op == "shutdown":
-            self.stopping = True
-            self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version)))
-        elif not self.keys:
-            raise protocol.ProtocolError(f"shard {self.shard_id} is not initialised yet")
-        elif op == "state":
-            slot = msg.extra.get("slot", "params")
-            source = {"params": self.params, "momentum": self.momentum}.get(slot)
-            if source is None or (slot == "momentum" and not self.momentum):
-                raise protocol.ProtocolError(f"state slot {slot!r} unknown or empty; allowed: params, momentum")
-            self.outbox.append((ident, protocol.encode("params", worker=w, version=self.version, keys=self.keys,
-                                                       arrays=[source[k].copy() for k in self.keys])))
-        elif op == "pull":
-            keys = msg.extra.get("want_keys") or list(self.keys)
-            if not isinstance(keys, list) or any(not isinstance(k, int) or isinstance(k, bool) for k in keys):
-                raise protocol.ProtocolError("pull's want_keys must be a list of integer keys")
-            unknown = sorted(set(keys) - set(self.shapes))
-            if unknown:
-                raise protocol.ProtocolError(f"pull of key(s) {unknown} not held by shard {self.shard_id} "
-                                             f"(keys {self.keys[0]}..{self.keys[-1]})")
-            req.keys = keys
-            if w == ADMIN:
-                self.reply_pull(req)
-            elif not self._retried(req):
-                self.policy.pull(self, req)
-        elif op == "push":
-            if w == ADMIN:
-                raise protocol.ProtocolError("push needs a worker id >= 0")
-            self._check_tensors(msg, exact=True)
-            if self._retried(req):
-                return
-            if rid is not None and rid <= self.done_rid.get(w, -1):
-                # applied before its reply was lost (or before a restart): answer, never apply twice
-                self.n_duplicates += 1
-                self.reply_push(req, 0)
-                return
-            based_on = msg.extra.get("based_on")
-            if based_on is not None and (not isinstance(based_on, int) or isinstance(based_on, bool) or based_on < 0):
-                raise protocol.ProtocolError(f"push's based_on must be a non-negative version, got {based_on!r:.40}")
-            if based_on is not None and self.policy.kind != "asp":
-                raise protocol.ProtocolError(f"a pipelined push (based_on) needs consistency asp; this shard runs "
-                                             f"{self.consistency}")
-            req.grads = msg.tensors()
-            if rid is not None:
-                self.done_rid[w] = rid
-            if based_on is None:
-                self.based_on.pop(w, None)
-            else:
-                self.based_on[w] = based_on
-            self.policy.push(self, req)
-        elif op == "bye":
-            self.policy.bye(self, w)
-            self.finished.add(w)
-            self.outbox.append((ident, protocol.encode("ok", worker=w, version=self.version)))
+        act()
 
-    def _retried(self, req: Request) -> bool:
-        """A retry of a request still held by the policy: answer it on the connection it came from."""
+    def _check(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
+        op = req.op
+        if op == "register":
+            return self._check_register(req, msg)
+        if op == "init":
+            return self._check_init(req, msg)
+        if op == "stats":
+            return lambda: self._reply(req, stats=self.stats(req.t_arrival))
+        if op == "shutdown":
+            return self._shutdown(req)
+        if op == "bye":
+            return lambda: self._bye(req)
+        if not self.keys:
+            raise protocol.ProtocolError(f"shard {self.shard_id} is not initialised yet")
+        if op == "state":
+            return self._check_state(req, msg)
+        if op == "pull":
+            return self._check_pull(req, msg)
+        return self._check_push(req, msg)
+
+    def _shutdown(self, req: Request) -> Callable[[], None]:
+        def act() -> None:
+            self.stopping = True
+            self._reply(req)
+        return act
+
+    def _bye(self, req: Request) -> None:
+        self.policy.bye(self, req.worker)
+        self.finished.add(req.worker)
+        self._reply(req)
+
+    def _check_state(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
+        slot = msg.extra.get("slot", "params")
+        source = {"params": self.flat, "momentum": self.momentum_flat}.get(slot)
+        if source is None:
+            raise protocol.ProtocolError(f"state slot {slot!r} unknown or empty; allowed: params, momentum")
+        return lambda: self.outbox.append((req.ident, protocol.encode(
+            "params", worker=req.worker, version=self.version, keys=self.keys, layout=self.layout,
+            packed=source.copy(), **_rid(req.rid))))
+
+    def _check_pull(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
+        keys = msg.extra.get("want_keys") or list(self.keys)
+        if not isinstance(keys, list) or any(not isinstance(k, int) or isinstance(k, bool) for k in keys):
+            raise protocol.ProtocolError("pull's want_keys must be a list of integer keys")
+        unknown = sorted(set(keys) - set(self.shapes))
+        if unknown:
+            raise protocol.ProtocolError(f"pull of key(s) {unknown} not held by shard {self.shard_id} "
+                                         f"(keys {self.keys[0]}..{self.keys[-1]})")
+        req.keys = keys
+        if req.worker == ADMIN:
+            return lambda: self.reply_pull(req)
+        self._check_progress(req.worker, msg)
         held = self.policy.find_pending(req.worker, req.rid)
-        if held is None:
-            return False
+        if held is not None:
+            return lambda: self._rebind(held, req)
+        return lambda: self.policy.pull(self, req)
+
+    def _check_push(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
+        w = req.worker
+        if w == ADMIN:
+            raise protocol.ProtocolError("push needs a worker id >= 0")
+        self._check_tensors(msg, exact=True)
+        self._check_progress(w, msg)
+        based_on = msg.extra.get("based_on")
+        if based_on is not None and (not isinstance(based_on, int) or isinstance(based_on, bool) or based_on < 0):
+            raise protocol.ProtocolError(f"push's based_on must be a non-negative version, got {based_on!r:.40}")
+        if based_on is not None and self.policy.kind != "asp":
+            raise protocol.ProtocolError(f"a pipelined push (based_on) needs consistency asp; this shard runs "
+                                         f"{self.consistency}")
+        if msg.flat is not None and msg.keys == self.keys:  # packed in our key order: the frame is the gradient
+            grad, frame = msg.flat, msg.owners[0]
+            reusable = frame is not None and grad.flags.writeable
+        else:  # one tensor frame per key (or another order): a flat copy of our own
+            grad, frame, reusable = self.pack(msg.tensors()), None, True
+        bad = None if all_finite(grad) else next(k for k, a in zip(msg.keys, msg.arrays) if not all_finite(a))
+        if bad is not None and self.nonfinite == "reject":
+            self.n_nonfinite += 1
+            raise protocol.ProtocolError(f"push of worker {w} step {msg.step}: the gradient of key {bad} holds "
+                                         f"NaN or inf; nothing applied (a shard started with --nonfinite skip "
+                                         f"answers such a push without applying it)")
+        held = self.policy.find_pending(w, req.rid)
+        if held is not None:  # a retry of a push still held: answer it on the connection it came from
+            return lambda: self._rebind(held, req)
+        done = self.done.get(w)
+        if req.rid is not None and done is not None and req.rid <= done[0]:
+            # applied before its reply was lost (or before a restart): answer, never apply twice;
+            # the staleness it was applied with is known for the last one only
+            staleness = done[1] if req.rid == done[0] else None
+            return lambda: self._answer_duplicate(req, staleness)
+        req.based_on = based_on
+        if bad is None:
+            req.grad, req.reusable, req.frame = grad, reusable, (frame if reusable else None)
+        self.policy.check_push(req)
+
+        def act() -> None:
+            if bad is not None:
+                self.n_nonfinite += 1
+                log.warning("shard %d: skipped worker %d's push of step %d: key %d holds NaN or inf",
+                            self.shard_id, w, req.step, bad)
+            self.policy.push(self, req)
+        return act
+
+    def _check_progress(self, w: int, msg: protocol.Message) -> None:
+        """A worker's step and the version it says it holds, against what this shard knows: its
+        clock (a worker moves one step per push; a retry repeats a step) and the shard's own version.
+        A restored shard cannot know what its predecessor sent (the worker may be further on), so
+        it checks a worker once it has sent it SENT_HISTORY replies of its own."""
+        if self.restored_version is not None and len(self.sent.get(w, ())) < SENT_HISTORY:
+            return
+        at = self.policy.clock[w]
+        if msg.step > at:
+            raise protocol.ProtocolError(f"worker {w}: step {msg.step} is ahead of the step this shard has it at "
+                                         f"({at}); a worker moves one step per push")
+        if msg.version > self.version:
+            raise protocol.ProtocolError(f"worker {w}: says it holds version {msg.version}, but this shard is at "
+                                         f"version {self.version}")
+
+    def _rebind(self, held: Request, req: Request) -> None:
         held.ident = req.ident
         self.n_duplicates += 1
-        return True
+
+    def _answer_duplicate(self, req: Request, staleness: int | None) -> None:
+        self.n_duplicates += 1
+        self.reply_push(req, staleness)
 
     def _seen(self, w: int, now: float) -> None:
         self.last_seen[w] = now
@@ -236,20 +377,21 @@ class Shard:
             self.policy.live.add(w)
             log.warning("shard %d: worker %d is back", self.shard_id, w)
 
-    def _register(self, req: Request, msg: protocol.Message) -> None:
+    def _check_register(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
         """Hand out the next free worker id (docker --scale starts identical workers)."""
         if req.worker != ADMIN:
             raise protocol.ProtocolError(f"register comes from worker -1 (no id yet), got {req.worker}")
         nonce = msg.extra.get("nonce")
         if not isinstance(nonce, str) or not 1 <= len(nonce) <= 128:
             raise protocol.ProtocolError("register needs a nonce: a string of 1..128 characters")
-        if nonce not in self.registered:  # a retried register gets the same id
-            if len(self.registered) >= self.n_workers:
-                raise protocol.ProtocolError(f"all {self.n_workers} worker ids are taken "
-                                             f"(the job was started with --workers {self.n_workers})")
-            self.registered[nonce] = len(self.registered)
-        self.outbox.append((req.ident, protocol.encode("ok", worker=ADMIN, version=self.version,
-                                                       assigned=self.registered[nonce], **_rid(req.rid))))
+        if nonce not in self.registered and len(self.registered) >= self.n_workers:
+            raise protocol.ProtocolError(f"all {self.n_workers} worker ids are taken "
+                                         f"(the job was started with --workers {self.n_workers})")
+
+        def act() -> None:
+            self.registered.setdefault(nonce, len(self.registered))  # a retried register gets the same id
+            self._reply(req, assigned=self.registered[nonce])
+        return act
 
     def _check_tensors(self, msg: protocol.Message, exact: bool) -> None:
         if exact and sorted(msg.keys) != self.keys:
@@ -262,42 +404,45 @@ class Shard:
                 raise protocol.ProtocolError(f"key {k}: shape {list(a.shape)} does not match the registered "
                                              f"{list(self.shapes[k])}")
 
-    def _init(self, req: Request, msg: protocol.Message) -> None:
+    def _check_init(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
         slot = msg.extra.get("slot", "params")
-        if_absent = bool(msg.extra.get("if_absent", False))
         if slot == "params":
             if self.keys:
-                if if_absent:
-                    self.outbox.append((req.ident, protocol.encode("ok", worker=req.worker, version=self.version,
-                                                                   initialised=False)))
-                    return
+                if msg.extra.get("if_absent", False):
+                    return lambda: self._reply(req, initialised=False)
                 raise protocol.ProtocolError(f"shard {self.shard_id} is already initialised")
             if not msg.keys:
                 raise protocol.ProtocolError("init carries no tensors")
             if sorted(msg.keys) != list(range(min(msg.keys), max(msg.keys) + 1)):
                 raise protocol.ProtocolError("init keys must be one contiguous range")
             for k, a in zip(msg.keys, msg.arrays):
-                if not np.isfinite(a).all():
+                if not all_finite(a):
                     raise protocol.ProtocolError(f"init key {k}: tensor holds NaN or inf")
-            self.keys = sorted(msg.keys)
-            self.shapes = {k: a.shape for k, a in zip(msg.keys, msg.arrays)}
-            self.params = {k: np.array(a, copy=True) for k, a in zip(msg.keys, msg.arrays)}
-            self.momentum = ({k: np.zeros_like(a) for k, a in self.params.items()}
-                             if self.optimizer.momentum else {})
-            self.version = msg.version
-            self.policy.reset(msg.step)
-            self.start_version = msg.version
-        elif slot == "momentum":
+            return lambda: self._init_params(req, msg)
+        if slot == "momentum":
             if not self.keys:
                 raise protocol.ProtocolError("init of momentum before params")
             if not self.optimizer.momentum:
                 raise protocol.ProtocolError("this shard runs without momentum")
             self._check_tensors(msg, exact=True)
-            self.momentum = {k: np.array(a, copy=True) for k, a in zip(msg.keys, msg.arrays)}
-        else:
-            raise protocol.ProtocolError(f"init slot {slot!r} unknown; allowed: params, momentum")
-        self.outbox.append((req.ident, protocol.encode("ok", worker=req.worker, version=self.version,
-                                                       initialised=True)))
+            for k, a in zip(msg.keys, msg.arrays):
+                if not all_finite(a):
+                    raise protocol.ProtocolError(f"init of momentum, key {k}: tensor holds NaN or inf")
+
+            def act() -> None:
+                self.momentum_flat = self.pack(msg.tensors())
+                self._reply(req, initialised=True)
+            return act
+        raise protocol.ProtocolError(f"init slot {slot!r} unknown; allowed: params, momentum")
+
+    def _init_params(self, req: Request, msg: protocol.Message) -> None:
+        self._set_layout({k: a.shape for k, a in zip(msg.keys, msg.arrays)})
+        self.flat, self.flat_frame = self.pack(msg.tensors()), None
+        self.momentum_flat = np.zeros_like(self.flat) if self.optimizer.momentum else None
+        self.version = msg.version
+        self.policy.reset(msg.step)
+        self.start_version = msg.version
+        self._reply(req, initialised=True)
 
     def expire(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -328,9 +473,12 @@ class Shard:
     def save_checkpoint(self, now: float | None = None) -> None:
         assert self.checkpoint_dir is not None
         checkpoint.save(Path(self.checkpoint_dir), self.shard_id, self.version, self.keys, self.params, self.momentum,
-                        {"policy": self.policy.state_dict(), "done_rid": {str(w): r for w, r in self.done_rid.items()},
+                        {"policy": self.policy.state_dict(), "mitigation": self.mitigation.name,
+                         "done_rid": {str(w): r for w, (r, _) in self.done.items()},
+                         "done_staleness": {str(w): s for w, (_, s) in self.done.items()},
                          "registered": self.registered, "consistency": self.consistency,
-                         "staleness_hist": {str(k): int(v) for k, v in self.staleness.items()}})
+                         "staleness_hist": {str(k): int(v) for k, v in self.staleness.items()}},
+                        slots={"mitigation": {k: self.views(a) for k, a in self.mitigation.tensors().items()}.get(0, {})})
         self.checkpoint_version = self.version
         self.checkpoint_t = time.monotonic() if now is None else now
         self.n_checkpoints += 1
@@ -343,15 +491,23 @@ class Shard:
         if state.header.get("consistency") != self.consistency:
             raise ConfigError(f"checkpoint in {directory} was made under {state.header.get('consistency')}, "
                               f"this shard runs {self.consistency}")
+        if state.header.get("mitigation", self.mitigation.name) != self.mitigation.name:
+            raise ConfigError(f"checkpoint in {directory} was made with mitigation {state.header['mitigation']}, "
+                              f"this shard runs {self.mitigation.name}")
         if state.momentum and not self.optimizer.momentum:
             raise ConfigError("checkpoint holds momentum but this shard runs without it")
-        self.keys, self.params, self.version = state.keys, state.params, state.version
-        self.shapes = {k: a.shape for k, a in self.params.items()}
-        self.momentum = state.momentum or ({k: np.zeros_like(a) for k, a in self.params.items()}
-                                           if self.optimizer.momentum else {})
+        self._set_layout({k: a.shape for k, a in state.params.items()})
+        self.version = state.version
+        self.flat, self.flat_frame = self.pack(state.params), None
+        self.momentum_flat = (self.pack(state.momentum) if state.momentum else
+                              np.zeros_like(self.flat) if self.optimizer.momentum else None)
         self.policy.load_state(state.header.get("policy", {}))
+        saved = state.slots.get("mitigation")
+        self.mitigation.load_tensors({0: self.pack(saved)} if saved else {})
         self.start_version = self.version
-        self.done_rid = {int(w): int(r) for w, r in state.header.get("done_rid", {}).items()}
+        stale = state.header.get("done_staleness", {})
+        self.done = {int(w): (int(r), None if stale.get(w) is None else int(stale[w]))
+                     for w, r in state.header.get("done_rid", {}).items()}
         self.registered = {str(n): int(i) for n, i in state.header.get("registered", {}).items()}
         self.staleness = Counter({int(k): int(v) for k, v in state.header.get("staleness_hist", {}).items()})
         self.checkpoint_version, self.checkpoint_t = self.version, time.monotonic()
@@ -363,8 +519,9 @@ class Shard:
         return {"shard": self.shard_id, "version": self.version, "keys": self.keys,
                 "applied": int(sum(self.staleness.values())),
                 "staleness_hist": {str(k): int(v) for k, v in sorted(self.staleness.items())},
-                "errors": self.n_errors, "duplicates": self.n_duplicates, "lost_workers": self.lost_workers,
-                "checkpoints": self.n_checkpoints, "restored_version": self.restored_version,
+                "errors": self.n_errors, "duplicates": self.n_duplicates, "nonfinite": self.n_nonfinite,
+                "lost_workers": self.lost_workers, "checkpoints": self.n_checkpoints,
+                "restored_version": self.restored_version,
                 # who is done and who went quiet: what a launcher on another host can see of the job
                 "finished": sorted(self.finished), "last_error": self.last_error,
                 "waiting": sorted({r.worker for r in self.policy.waiting_requests()}),
@@ -378,12 +535,11 @@ class Shard:
             msg = protocol.decode(frames, token=token, max_bytes=max_bytes, ops=protocol.ALL_OPS)
             self.handle(ident, msg)
         except protocol.ProtocolError as exc:
-            self.error(ident, str(exc), rid=msg.extra.get("rid") if msg is not None else None)
+            worker = msg.worker if msg is not None else ADMIN
+            self.error(ident, str(exc), worker, rid=msg.extra.get("rid") if msg is not None else None)
         except Exception as exc:  # a bug must not take the shard down mid-run; say so loudly
             log.exception("shard %d: internal error", self.shard_id)
             self.error(ident, f"internal server error: {type(exc).__name__}: {exc}")
-
-
 def _rid(rid: int | None) -> dict[str, int]:
     return {} if rid is None else {"rid": rid}
 
@@ -426,14 +582,17 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
                 pass
 
     next_report = time.monotonic() + PROGRESS_EVERY_S
+    sock.rcvtimeo = 200  # a blocking receive that wakes up to do the chores (cheaper than a poll each message)
     try:
         while not shard.stopping:
-            if sock.poll(200):
-                frames = sock.recv_multipart(copy=False)
+            try:
+                frames = protocol.recv_frames(sock)
+            except zmq.Again:
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    log.warning("shard %d: launcher %d is gone, exiting", shard.shard_id, parent_pid)
+                    return
+            else:
                 shard.receive(frames[0].bytes, frames[1:], token, max_bytes)
-            elif parent_pid is not None and os.getppid() != parent_pid:
-                log.warning("shard %d: launcher %d is gone, exiting", shard.shard_id, parent_pid)
-                return
             shard.expire()
             shard.maybe_checkpoint()
             if halt_at_version is not None and shard.version >= halt_at_version:
@@ -441,7 +600,7 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
                 _stall(parent_pid)
                 return
             for ident, out in shard.outbox:
-                sock.send_multipart([ident, *out], copy=False)
+                protocol.send_frames(sock, [ident, *out])
             shard.outbox.clear()
             if ctl is not None and time.monotonic() >= next_report:
                 report()
@@ -471,11 +630,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="take lr/momentum/weight decay defaults from this workload")
     p.add_argument("--lr", type=float, help="learning rate as applied (already scaled)")
     p.add_argument("--lr-scaling", default="auto", help="with --workload's lr: auto | none | 1/n | FACTOR")
-    p.add_argument("--momentum", type=float, help="SGD momentum")
+    p.add_argument("--momentum", type=float, help="SGD momentum as applied (already scaled)")
+    p.add_argument("--momentum-scaling", default="auto",
+                   help="with --workload's momentum m: auto (asp/ssp: 1 - (1 - m) * workers, at least 0) | none")
     p.add_argument("--weight-decay", type=float, help="SGD weight decay")
     p.add_argument("--step-timeout-s", type=float, default=60.0, help="BSP/SSP wait bound in seconds (default 60)")
     p.add_argument("--worker-timeout-s", type=float, default=None,
                    help="SSP stops waiting for a worker silent this long (default: never)")
+    p.add_argument("--nonfinite", default="reject", choices=NONFINITE_MODES,
+                   help="a push whose gradient holds NaN or inf: reject (error reply naming the key; default) "
+                        "or skip (answered, not applied); counted in stats either way")
     p.add_argument("--checkpoint-dir", help="write shard checkpoints here (params, momentum, version)")
     p.add_argument("--checkpoint-every", default="100",
                    help="checkpoint interval: updates (e.g. 100) or seconds (e.g. 5s); default 100")
@@ -493,7 +657,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def shard_from_args(args: argparse.Namespace) -> Shard:
-    from psbench.systems.ps.policies import resolve_lr
+    from psbench.systems.ps.policies import resolve_lr, resolve_momentum
     from psbench.workloads import get_workload
     from psbench.core.errors import ConfigError
 
@@ -506,7 +670,8 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
     if args.workload:
         opt = get_workload(args.workload).optimizer
         lr = lr if lr is not None else opt.lr * resolve_lr(args.lr_scaling, args.consistency, args.workers)
-        momentum = momentum if momentum is not None else opt.momentum
+        momentum = momentum if momentum is not None else resolve_momentum(args.momentum_scaling, args.consistency,
+                                                                          args.workers, opt.momentum)
         wd = wd if wd is not None else opt.weight_decay
     if lr is None:
         raise ConfigError("give --lr or --workload")
@@ -515,7 +680,8 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
     if args.restore and not args.checkpoint_dir:
         raise ConfigError("--restore needs --checkpoint-dir")
     shard = Shard(args.shard_id, args.workers, lr, momentum or 0.0, wd or 0.0, args.consistency, args.mitigation,
-                  args.step_timeout_s, args.worker_timeout_s, args.checkpoint_dir, args.checkpoint_every)
+                  args.step_timeout_s, args.worker_timeout_s, args.checkpoint_dir, args.checkpoint_every,
+                  args.nonfinite)
     if args.restore:
         shard.restore(args.checkpoint_dir)
     return shard
@@ -558,8 +724,9 @@ def main(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
     shard = shard_from_args(args)
-    serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
-          args.halt_at_version)
+    with protocol.zmq_process():
+        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
+              args.halt_at_version)
     return 0
 
 

@@ -112,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.role_worker is not None:
         from psbench.systems.common import configure_threads
 
+        from psbench.systems.ps.protocol import zmq_process
+
         configure_threads(1)
-        worker_main(args.addresses.split(","), args.role_worker, args.ops, args.out)
+        with zmq_process():
+            worker_main(args.addresses.split(","), args.role_worker, args.ops, args.out)
         return 0
     result = soak(args.workers, args.ops, args.servers)
     print(json.dumps({**asdict(result), "growth_mb": result.growth_mb}, indent=2))

@@ -31,10 +31,15 @@ PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to
 
 @dataclass
 class PushReply:
-    staleness: int
+    staleness: int | None  # max over shards; None if no shard applied it (skipped, or a duplicate's unknown)
     version: int
-    params: dict[int, np.ndarray] = field(default_factory=dict)
+    replies: dict[int, protocol.Message] = field(default_factory=dict)  # shard -> its answer
     nbytes: int = 0
+
+    @property
+    def params(self) -> dict[int, np.ndarray]:
+        """The parameters of the answers, per key (views on the received frames)."""
+        return {k: a for m in self.replies.values() for k, a in zip(m.keys, m.arrays)}
 
 
 @dataclass
@@ -70,7 +75,14 @@ class KVWorker:
         self.layout = (partition_keys([math.prod(s) for s in self.shapes], len(self.addresses)) if self.shapes
                        else [[] for _ in self.addresses])
         self.owner = {k: j for j, ks in enumerate(self.layout) for k in ks}
+        # Tensor fusion: a shard's keys are a contiguous slice [lo, hi) of the model's flat vector,
+        # pushed and answered as one packed frame (header layout computed once).
+        sizes = [math.prod(s) for s in self.shapes]
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        self.spans = [(starts[ks[0]], starts[ks[-1]] + sizes[ks[-1]]) if ks else (0, 0) for ks in self.layout]
+        self.headers = [(["float32"] * len(ks), [list(self.shapes[k]) for k in ks]) for ks in self.layout]
         self.versions = [0] * len(self.addresses)  # the version of each shard's parameters we hold
+        self._again, self._rcvtimeo_opt = zmq.Again, zmq.RCVTIMEO
         self.ctx = zmq.Context.instance()
         self.sockets = []
         for addr in self.addresses:
@@ -78,6 +90,7 @@ class KVWorker:
             sock.setsockopt(zmq.LINGER, 2000)
             sock.connect(addr if "://" in addr else f"tcp://{addr}")
             self.sockets.append(sock)
+        self._rcvtimeo = [-1] * len(self.sockets)  # the receive timeout each socket has now (ms)
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -99,7 +112,7 @@ class KVWorker:
         rid = self.rid  # the id _msg put into every request of this round
         self.rid += 1
         for j, frames in requests.items():
-            self.sockets[j].send_multipart(frames, copy=False)
+            protocol.send_frames(self.sockets[j], frames)
             nbytes += sum(memoryview(f).nbytes if not isinstance(f, bytes) else len(f) for f in frames)
         return InFlight(rid, requests, nbytes)
 
@@ -116,27 +129,40 @@ class KVWorker:
 
     def _receive(self, j: int, rid: int, frames: list[Any]) -> protocol.Message:
         """Shard j's answer to request `rid`: resend every retry_s, drop answers to older requests,
-        give up after the timeout or when our launcher is gone."""
+        give up after the timeout or when our launcher is gone. An answer that names no request id
+        (or a newer one) answers nothing we asked: an error, never taken for the one in flight."""
+        sock = self.sockets[j]
         waited = 0
         next_retry = self.retry_ms
         while True:
-            step_ms = min(1000, next_retry - waited, self.timeout_ms - waited)
-            if self.sockets[j].poll(max(1, step_ms)):
-                msg = protocol.decode(self.sockets[j].recv_multipart(copy=False), max_bytes=self.max_bytes,
-                                      ops=protocol.REPLY_OPS)
-                if msg.extra.get("rid", rid) == rid:
-                    return msg
-                continue  # a late answer to a request we already have the answer to
-            waited += max(1, step_ms)
-            if waited >= self.timeout_ms:
-                raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
-                                       f"{self.timeout_ms / 1000:.0f}s")
-            if launcher_gone(self.parent_pid):
-                raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
-            if waited >= next_retry:
-                self.sockets[j].send_multipart(frames, copy=False)
-                self.retries += 1
-                next_retry += self.retry_ms
+            step_ms = max(1, min(1000, next_retry - waited, self.timeout_ms - waited))
+            if self._rcvtimeo[j] != step_ms:
+                sock.setsockopt(self._rcvtimeo_opt, step_ms)
+                self._rcvtimeo[j] = step_ms
+            try:  # a blocking receive with a timeout: one call, where a poll and a receive are two
+                raw = protocol.recv_frames(sock)
+            except self._again:
+                waited += step_ms
+                if waited >= self.timeout_ms:
+                    raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
+                                           f"{self.timeout_ms / 1000:.0f}s") from None
+                if launcher_gone(self.parent_pid):
+                    raise SystemExit(f"ps worker {self.worker_id}: launcher is gone") from None
+                if waited >= next_retry:
+                    protocol.send_frames(sock, frames)
+                    self.retries += 1
+                    next_retry += self.retry_ms
+                continue
+            msg = protocol.decode(raw, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
+            got = msg.extra.get("rid")
+            if got == rid:
+                return msg
+            if got is None or got > rid:
+                said = f" ({msg.op}: {msg.extra['error']})" if msg.op == "error" and "error" in msg.extra else ""
+                raise protocol.PSError(f"server shard {j} ({self.addresses[j]}) sent an answer "
+                                       f"{'without a request id' if got is None else f'to request {got}'} while "
+                                       f"request {rid} was in flight{said}")
+            # else: a late answer to a request we already have the answer to
 
     def _by_shard(self, keys: Sequence[int], arrays: Sequence[np.ndarray] | None = None) -> dict[int, tuple[list, list]]:
         owner = self.owner
@@ -149,9 +175,9 @@ class KVWorker:
         return out
 
     def _msg(self, op: str, step: int, keys: Sequence[int] = (), arrays: Sequence[np.ndarray] = (),
-             version: int = 0, **extra: Any) -> list[Any]:
+             version: int = 0, packed: Any = None, **extra: Any) -> list[Any]:
         return protocol.encode(op, worker=self.worker_id, step=step, version=version, keys=keys, arrays=arrays,
-                               token=self.token, rid=self.rid, **extra)
+                               token=self.token, rid=self.rid, packed=packed, **extra)
 
     # ---- the ps-lite API ----------------------------------------------------------------
     def pull(self, keys: Sequence[int] | None = None, step: int = 0) -> tuple[dict[int, np.ndarray], int]:
@@ -177,15 +203,34 @@ class KVWorker:
         # the header's version says which parameters the worker holds (informational: the shard's
         # own record of what it sent, or `based_on`, decides the staleness)
         extra = {} if based_on is None else {j: {"based_on": int(based_on[j])} for j in groups}
-        return self._send({j: self._msg("push", step, ks, arrs, version=self.versions[j], want_params=want_params,
-                                        **extra.get(j, {}))
-                           for j, (ks, arrs) in groups.items()})
+        requests = {}
+        for j, (ks, arrs) in groups.items():
+            # a shard's whole key range goes packed: one array as is, several joined (a copy; the
+            # training loop's push_flat_start sends slices of one buffer instead, no copy)
+            packed = None
+            if ks == self.layout[j]:
+                packed = (np.ascontiguousarray(arrs[0]) if len(arrs) == 1 else
+                          np.concatenate([np.asarray(a).reshape(-1) for a in arrs]))
+            requests[j] = self._msg("push", step, ks, arrs, version=self.versions[j], want_params=want_params,
+                                    packed=packed, **extra.get(j, {}))
+        return self._send(requests)
+
+    def push_flat_start(self, flat: np.ndarray, step: int = 0, want_params: bool = False,
+                        based_on: Sequence[int] | None = None) -> InFlight:
+        """push_start of every key's gradient, given as one flat float32 vector in key order: each
+        shard gets its slice, one packed frame, zero-copy."""
+        requests = {}
+        for j, (lo, hi) in enumerate(self.spans):
+            extra = {} if based_on is None else {"based_on": int(based_on[j])}
+            requests[j] = protocol.encode("push", worker=self.worker_id, step=step, version=self.versions[j],
+                                          keys=self.layout[j], layout=self.headers[j], packed=flat[lo:hi],
+                                          token=self.token, rid=self.rid, want_params=want_params, **extra)
+        return self._send(requests)
 
     def push_wait(self, flight: InFlight) -> PushReply:
         replies, nbytes = self._collect(flight)
-        params = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
-        return PushReply(max(int(m.extra.get("staleness", 0)) for m in replies.values()),
-                         min(m.version for m in replies.values()), params, nbytes)
+        taus = [int(m.extra["staleness"]) for m in replies.values() if m.extra.get("staleness") is not None]
+        return PushReply(max(taus) if taus else None, min(m.version for m in replies.values()), replies, nbytes)
 
     def push_pull(self, grads: Sequence[np.ndarray], step: int) -> PushReply:
         return self.push(range(len(grads)), grads, step, want_params=True)
@@ -248,10 +293,27 @@ class Trainer:
         # the last call, so a worker that dies has sent most of its rows; at halt_at_step (fault
         # injection) it is called with halted=True and is expected not to return (SIGKILL).
         self.progress, self.halt_at_step = progress, halt_at_step
+        import torch
+
         self.model = prep.build_model()
         self.loss_fn = prep.workload.loss_fn()
         self.params = list(self.model.parameters())
-        self.views = [p.detach().numpy() for p in self.params]  # the model's weights, shared memory
+        # Tensor fusion: the weights are views of one flat vector (a reply is one copy per shard),
+        # the gradients views of one flat buffer that backward accumulates into (a push sends a slice
+        # per shard, zero-copy). Pipelined, two gradient buffers take turns: a push still in flight
+        # keeps its values while the next backward runs.
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.flat = flat.numpy()  # shared memory with the model's weights
+        self.grad_flats = [torch.zeros_like(flat) for _ in range(2 if pipeline else 1)]
+        self.grad_views: list[list] = [[] for _ in self.grad_flats]
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.data = flat[offset:offset + n].view_as(p)
+            for views, g in zip(self.grad_views, self.grad_flats):
+                views.append(g[offset:offset + n].view_as(p))
+            offset += n
+        self.views = [p.detach().numpy() for p in self.params]  # per key, views of self.flat
         # Buffers (BatchNorm running statistics) are not trained by the PS: each worker keeps its own;
         # worker 0's go with its snapshots so evaluation uses them.
 
@@ -270,11 +332,30 @@ class Trainer:
         for k, a in tensors.items():
             np.copyto(self.views[k], a)
 
+    def load_reply(self, reply: PushReply) -> None:
+        """The fresh parameters of a push's answers: one copy per shard (a packed answer)."""
+        for j, msg in reply.replies.items():
+            if msg.flat is not None and msg.keys == self.kv.layout[j]:
+                lo, hi = self.kv.spans[j]
+                np.copyto(self.flat[lo:hi], msg.flat)
+            else:
+                self.load(dict(zip(msg.keys, msg.arrays)))
+
+    def push(self, step: int, buffer: int, based_on: Sequence[int] | None = None) -> InFlight:
+        """Send the gradients in grad_flats[buffer] (each shard its slice) asking for the new weights."""
+        return self.kv.push_flat_start(self.grad_flats[buffer].numpy(), step, True, based_on)
+
+    def exchange(self, flight: InFlight) -> PushReply:
+        """Wait for a push's answers and load the weights they carry."""
+        reply = self.kv.push_wait(flight)
+        self.load_reply(reply)
+        return reply
+
     def run(self, t0: float) -> WorkerResult:
         from psbench.systems.common import StepClock, compute_step
         from psbench.systems.ps.launch import ROW_COLUMNS
 
-        prep, kv, worker_id, params = self.prep, self.kv, self.worker_id, self.params
+        prep, kv, worker_id = self.prep, self.kv, self.worker_id
         tensors, _ = kv.pull(step=self.start_step)
         self.load(tensors)
         every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
@@ -289,8 +370,7 @@ class Trainer:
             comm_s: the whole push+pull (a pipelined push: only the time blocked on its reply);
             the adapter splits off the wait for other workers under bsp/ssp."""
             blocked = time.perf_counter()
-            reply = kv.push_wait(flight)
-            self.load(reply.params)
+            reply = self.exchange(flight)
             blocked = time.perf_counter() - blocked
             comm = blocked if self.pipeline else clock.split()[2]
             t = time.time() - t0
@@ -299,9 +379,8 @@ class Trainer:
             if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
                 out.snapshot_steps.append(step + 1)
                 out.snapshot_t.append(t)
-                out.snapshots.append(np.concatenate([v.reshape(-1) for v in self.views] + [self.flat_buffers()]))
+                out.snapshots.append(np.concatenate([self.flat, self.flat_buffers()]))
 
-        keys = range(len(params))
         in_flight: tuple[int, int, float, InFlight] | None = None  # pipeline: the push not yet answered
         sent, next_progress = 0, time.monotonic() + PROGRESS_EVERY_S
         for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
@@ -311,18 +390,16 @@ class Trainer:
             if self.progress is not None and (halt or time.monotonic() >= next_progress):
                 self.progress(step, {c: v[sent:] for c, v in cols.items()}, halt)
                 sent, next_progress = len(cols["step"]), time.monotonic() + PROGRESS_EVERY_S
-            loss = compute_step(self.model, self.loss_fn, x, y, clock, step)
+            buffer = step % len(self.grad_flats)  # pipelined: not the one of the push in flight
+            loss = compute_step(self.model, self.loss_fn, x, y, clock, step, self.grad_views[buffer])
             times = (clock.compute_s, clock.emulated_s)
-            # fresh arrays every step (forward_backward sets .grad to None), so a push still being
-            # sent zero-copy keeps its values while the next backward runs
-            grads = [p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32) for p in params]
             if self.pipeline:
                 based_on = list(kv.versions)  # the parameters these gradients were computed on
                 if in_flight is not None:
                     finish(*in_flight)
-                in_flight = (step, len(y), loss, kv.push_start(keys, grads, step, True, based_on), times)
+                in_flight = (step, len(y), loss, self.push(step, buffer, based_on), times)
             else:
-                finish(step, len(y), loss, kv.push_start(keys, grads, step, True), times)
+                finish(step, len(y), loss, self.push(step, buffer), times)
             if budget is not None and min(kv.versions) >= budget:
                 break  # the global step reached the budget (TensorFlow's global step, seen in each reply)
         if in_flight is not None:
@@ -396,6 +473,11 @@ def parse_worker_id(text: str, workers: int) -> int | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    with protocol.zmq_process():  # every zero-copy frame sent and released before the interpreter exits
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     import secrets
 
     from psbench.systems.common import configure_threads, prepare

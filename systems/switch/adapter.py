@@ -48,7 +48,8 @@ class SwitchOptions:
     async_consistency: str = option("asp", "phase 2: asp | ssp:S")
     mitigation: str = option("none", "phase 2 staleness mitigation: none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
     servers: int = option(1, "PS server shards")
-    lr_scaling: str = option("auto", "PS lr scaling: auto (1/N for asp/ssp, 1 for bsp) | none | 1/n | a factor")
+    lr_scaling: str = option("auto", "PS lr scaling: auto (1: the workload's lr) | none | 1/n | a factor")
+    momentum_scaling: str = option("auto", "PS momentum: auto (asp/ssp: 1 - (1 - m) * N, at least 0; bsp: m) | none")
     step_timeout_s: float = option(60.0, "how long PS BSP/SSP waits for slow workers before failing the step")
     timeout_s: float = option(1800.0, "stop the DDP phase's workers and fail after this many seconds")
 
@@ -69,7 +70,8 @@ class SwitchOptions:
     def ps_options(self, consistency: str, mitigation: str | None = None) -> PSOptions:
         return PSOptions(consistency=consistency, servers=self.servers,
                          mitigation=self.mitigation if mitigation is None else mitigation,
-                         lr_scaling=self.lr_scaling, step_timeout_s=self.step_timeout_s)
+                         lr_scaling=self.lr_scaling, momentum_scaling=self.momentum_scaling,
+                         step_timeout_s=self.step_timeout_s)
 
 
 @dataclasses.dataclass
