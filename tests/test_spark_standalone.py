@@ -83,6 +83,8 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
             time.sleep(0.5)
         assert proc.poll() is None and len(manifests(results)) == 3, proc.stderr.read()[-3000:] if proc.poll() else ""
         # each run is its own application: wait for the last one's executors to run Python tasks
+        # (a deadline of its own: on a loaded machine the three runs above can take most of theirs)
+        deadline = time.monotonic() + 180
         while len(executors := training_executors(sc)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)                             # the long barrier stage is training by now

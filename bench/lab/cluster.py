@@ -534,8 +534,11 @@ def collect_ps_files(spec: RunSpec, worker_outs: Sequence[str], fetched_npz: str
     for out in worker_outs:
         data = json.loads(Path(out).read_text())
         rows = data["rows"]
+        # The worker's clock start (epoch s; t_wall counts from it). Files from before it was written:
+        # estimated from the file's time, which is late by however long the worker took to write it.
         end = os.stat(out).st_mtime
-        start = end - (rows["t_wall"][-1] if rows["t_wall"] else 0.0)
+        start = data["t0"] if "t0" in data else end - (rows["t_wall"][-1] if rows["t_wall"] else 0.0)
+        end = start + (rows["t_wall"][-1] if rows["t_wall"] else 0.0)
         starts.append(start)
         ends.append(end)
         rows_by_worker[data["worker"]] = (start, rows)

@@ -120,6 +120,8 @@ def run_job(args: argparse.Namespace) -> Path:
     from psbench.systems.common import prepare
     from psbench.systems.ps.policies import parse_consistency
     from psbench.systems.ps.server import check_exposure, split_address
+    import psutil
+
     from psbench.systems.ps.worker import _spec
 
     spec = _spec(args)
@@ -134,8 +136,12 @@ def run_job(args: argparse.Namespace) -> Path:
     recorded = RunSpec(**{**spec.to_dict(), "options": options})
     scratch = Path(args.scratch)
     scratch.mkdir(parents=True, exist_ok=True)
-    for stale in scratch.glob("worker*.json"):  # a failed job's leftovers; this job's come after its byes
-        stale.unlink()
+    # A failed job's leftovers go; this job's workers may already have written theirs (they can
+    # finish before this process has imported torch), so only files older than this process.
+    started = psutil.Process().create_time()
+    for stale in scratch.glob("worker*.json"):
+        if stale.stat().st_mtime < started:
+            stale.unlink()
     prep = prepare(spec)  # validates the workload before waiting on anything
     recorder = Recorder(recorded, target_accuracy=prep.workload.target_accuracy)
     recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)

@@ -508,18 +508,20 @@ def _main(args: argparse.Namespace) -> int:
                                   ctl.progress, args.halt_at_step, args.pipeline)
                 if init_buffers is not None:
                     trainer.load_buffers(init_buffers)
-                result = trainer.run(ctl.wait_go())
+                t0 = ctl.wait_go()
+                result = trainer.run(t0)
                 ctl.done(result)
         else:
             trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
                               pipeline=args.pipeline)
             if init_buffers is not None:
                 trainer.load_buffers(init_buffers)
-            result = trainer.run(time.time())
+            t0 = time.time()
+            result = trainer.run(t0)
     if args.out:
         from psbench.core.atomic import atomic_write_json
 
-        atomic_write_json(args.out.replace("{worker}", str(worker_id)), {"worker": worker_id, "rows": result.rows})
+        atomic_write_json(args.out.replace("{worker}", str(worker_id)), {"worker": worker_id, "t0": t0, "rows": result.rows})
     if not args.control:
         n = len(result.rows["step"])
         mean_loss = float(np.mean(result.rows["loss"][-10:])) if n else float("nan")
