@@ -190,10 +190,18 @@ def test_unset_conditions_keep_old_run_hashes():
     assert RunSpec("single", "mlp-digits", emulate_device="step_ms=5").config_hash() != "5de5de39db"
 
 
-def test_results_without_time_columns_still_load():
+def test_results_without_time_columns_still_load(tmp_path):
+    """A run folder written before the time columns existed (its steps table has none of them)."""
     from psbench.bench.harness.results import load_suite
+    from psbench.core.tables import read_table, table_file
+    from report_fixtures import fake_run
 
-    suite = load_suite(Path(__file__).resolve().parent.parent / "results" / "reference" / "baseline")
+    fake_run(tmp_path, "old", RunSpec("single", "mlp-digits", batch_size=16), step_s=0.001)
+    run = next((tmp_path / "old").glob("*/manifest.json")).parent
+    steps = read_table(run, "steps").drop(columns=list(STEP_TIME_COLUMNS))
+    table_file(run, "steps").unlink()
+    steps.to_csv(run / "steps.csv", index=False)  # as the old CSV records were
+    suite = load_suite(tmp_path / "old")
     assert set(STEP_TIME_COLUMNS) <= set(suite.steps.columns)
     assert suite.steps["compute_s"].isna().all()
     assert np.isfinite(suite.steps["t_wall"]).all()
