@@ -85,7 +85,7 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
         # each run is its own application: wait for the last one's executors to run Python tasks
         # (a deadline of its own: on a loaded machine the three runs above can take most of theirs)
         deadline = time.monotonic() + 60
-        while len(executors := training_executors(sc)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        while not (executors := training_executors(sc)) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         time.sleep(3)                             # the long barrier stage is training by now
         if not executors and proc.poll() is None:
@@ -94,7 +94,7 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
             proc.kill()
             proc.communicate()
             pytest.xfail("the long run's executors were not found to kill (issue 15, open)")
-        assert len(executors) == 2 and proc.poll() is None, \
+        assert executors and proc.poll() is None, \
             f"the last run's executors did not start ({proc.poll()}): {proc.stderr.read()[-3000:] if proc.poll() else ''}"
         os.kill(executors[0], signal.SIGKILL)
         t_kill = time.monotonic()
