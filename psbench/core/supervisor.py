@@ -129,18 +129,23 @@ def _wait(procs: Sequence[subprocess.Popen], descendants: Sequence[psutil.Proces
         psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def launcher_gone(parent_pid: int | None) -> bool:
     """Whether the launcher that started us has died. A worker forked by the zygote has the zygote
     as its parent, so beyond our parent, the launcher's pid is asked directly."""
     if parent_pid is None or os.getppid() == parent_pid:
         return False
-    try:
-        os.kill(parent_pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not pid_alive(parent_pid)
 
 
 class Supervisor:

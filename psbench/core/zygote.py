@@ -31,6 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from psbench.core.supervisor import pid_alive
+
 FORK_TIMEOUT_S = 60.0
 
 
@@ -125,7 +127,7 @@ class Zygote:
         with self.changed:
             if pid in self._exits:
                 return self._exits[pid]
-            if self._gone and not _alive(pid):
+            if self._gone and not pid_alive(pid):
                 return -signal.SIGKILL
         return None
 
@@ -135,16 +137,6 @@ class Zygote:
             self.child.proc.stdin.close()
         except OSError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---- the zygote process ----------------------------------------------------------------------------
