@@ -57,13 +57,20 @@ def training_executors(sc: SparkCluster) -> list[int]:
     """Executor JVMs that have started Python workers (tasks of the current run)."""
     import psutil
 
+    def is_python(proc) -> bool:
+        try:
+            return "python" in proc.name()
+        except psutil.NoSuchProcess:   # ZombieProcess too: one must not hide its siblings
+            return False
+
     busy = []
     for pid in sc.executor_pids():
         try:
-            if any("python" in c.name() for c in psutil.Process(pid).children(recursive=True)):
-                busy.append(pid)
+            children = psutil.Process(pid).children(recursive=True)
         except psutil.NoSuchProcess:
             continue
+        if any(is_python(c) for c in children):
+            busy.append(pid)
     return busy
 
 

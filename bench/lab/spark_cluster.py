@@ -141,11 +141,15 @@ class SparkCluster:
         pids = []
         for proc in self.procs[1:]:
             try:
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    if "CoarseGrainedExecutorBackend" in " ".join(child.cmdline()):
-                        pids.append(child.pid)
+                children = psutil.Process(proc.pid).children(recursive=True)
             except psutil.NoSuchProcess:
                 continue
+            for child in children:
+                try:   # per child: a zombie among them (spark-class' bash) must not hide its siblings
+                    if "CoarseGrainedExecutorBackend" in " ".join(child.cmdline()):
+                        pids.append(child.pid)
+                except psutil.NoSuchProcess:   # ZombieProcess too
+                    continue
         return pids
 
     def __exit__(self, *exc) -> None:
