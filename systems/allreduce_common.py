@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from psbench.core.spec import RunSpec
+from psbench.core.supervisor import LAUNCHER_PID_ENV, launcher_gone
 from psbench.systems.common import (Prepared, StepClock, compute_step, configure_threads, evaluate_splits,
                                     flat_params, forward_backward, make_optimizer, prepare)
 
@@ -254,13 +255,14 @@ def read_job(job_dir: Path) -> RunSpec:
 
 
 def _exit_with_parent() -> None:
-    """A worker whose launcher died must not linger (it would block the port and a core)."""
-    parent = os.getppid()
+    """A worker whose launcher died must not linger (it would block the port and a core). The
+    launcher is our parent, or, for a rank forked by the zygote, the pid the launcher set."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or os.getppid())
 
     def watch() -> None:
         while True:
             time.sleep(1.0)
-            if os.getppid() != parent:
+            if launcher_gone(launcher):
                 os._exit(3)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
-from psbench.core.supervisor import POLL_S, Supervisor
+from psbench.core.supervisor import LAUNCHER_PID_ENV, POLL_S, Supervisor
+from psbench.core.zygote import Zygote
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import read_state
 
 GRACE_S = 3.0  # after a failure, how long the other processes get to write their own error files
+# What the ranks' zygote imports before it forks them (torch's import is most of a rank's start:
+# eight DDP ranks spent ~13 s starting on 2 cores, each importing torch).
+RANK_PRELOAD = ["torch", "torch.distributed", "numpy", "psbench.systems.common", "psbench.systems.allreduce_common"]
 
 
 class WorkerFailed(RuntimeError):
@@ -52,6 +58,24 @@ def _log_tail(job: Path, n: int = 20) -> str:
     return "\n".join(lines)
 
 
+def spawn_ranks(sup: Supervisor, job: Path, module: str, ranks: Sequence[int], argv_of: Callable[[int], list[str]],
+                env: Mapping[str, str], listener: socket.socket | None = None, listener_rank: int = 0) -> None:
+    """Start each rank as `python -m module *argv_of(rank)` (log: job/rank{r}.log), forked from one
+    warm zygote. `listener`, the rendezvous store's socket bound here, goes to rank
+    `listener_rank` only (as --listen-fd); the ranks watch this launcher's pid and leave if it dies."""
+    fds = (listener.fileno(),) if listener is not None else ()
+    env = {**env, LAUNCHER_PID_ENV: str(os.getpid())}
+    zygote = Zygote(sup, RANK_PRELOAD, job / "zygote.log", env, pass_fds=fds)
+    try:
+        for rank in ranks:
+            keep = fds if rank == listener_rank else ()
+            argv = [*argv_of(rank), *(["--listen-fd", str(fds[0])] if keep else [])]
+            log = job / f"rank{rank}.log"
+            sup.adopt(f"rank{rank}", zygote.fork(module, argv, env, log, keep_fds=keep), log)
+    finally:
+        zygote.close_requests()   # it exits once the ranks have
+
+
 def supervise(system: str, sup: Supervisor, job: Path, timeout_s: float,
               rank_of: Callable[[int], int | None] = lambda i: i,
               gather: Callable[[], None] = lambda: None) -> None:
@@ -59,7 +83,7 @@ def supervise(system: str, sup: Supervisor, job: Path, timeout_s: float,
     WorkerFailed naming the rank. On success nothing is left running either. `gather` brings
     files written on other hosts into `job` before a failure is described."""
     deadline = time.monotonic() + timeout_s
-    children = list(sup.children)
+    children = [c for c in sup.children if c.role != "zygote"]   # the ranks' parent reports through them
     try:
         while True:
             codes = [c.poll() for c in children]

@@ -1,6 +1,7 @@
 """Checks shared by tests/test_ddp.py and tests/test_horovod.py: one system, same assertions."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ import numpy as np
 import psutil
 
 from psbench.core.records import Recorder
+from psbench.core.supervisor import LAUNCHER_PID_ENV
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import FAULT_ENV, concat_batch_reference, read_state, ring_allreduce_bytes
 from psbench.systems.common import prepare
@@ -70,13 +72,16 @@ class ListenWatch:
 
 
 def leftover_workers(module: str, since: float) -> list[psutil.Process]:
-    """Worker processes of `module` started since `since` and still alive (orphans), and any child
-    of this process (a launcher left behind)."""
+    """Worker processes of `module` started since `since` and still alive (orphans), ranks this
+    process launched through a zygote (their command line is the zygote's; their environment names
+    us as launcher), and any child of this process (a launcher left behind)."""
     found = []
     for proc in psutil.process_iter(["cmdline", "create_time"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if module in cmd and proc.info["create_time"] >= since - 1 and proc.status() != psutil.STATUS_ZOMBIE:
+            ours = "psbench.core.zygote" in cmd and proc.environ().get(LAUNCHER_PID_ENV) == str(os.getpid())
+            if (module in cmd or ours) and proc.info["create_time"] >= since - 1 \
+                    and proc.status() != psutil.STATUS_ZOMBIE:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

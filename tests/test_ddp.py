@@ -1,8 +1,11 @@
 """`ddp`: real torch.distributed processes over gloo on 127.0.0.1."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env, leftover_workers,
@@ -12,6 +15,7 @@ from psbench.systems.allreduce_launch import WorkerFailed
 from psbench.systems.base import parse_options
 from psbench.systems.ddp.adapter import DDPOptions, DDPSystem
 from psbench.core.errors import ConfigError
+from psbench.systems.common import child_env
 
 WORKER = "psbench.systems.ddp.worker"
 
@@ -66,3 +70,36 @@ def test_workers_must_divide_over_nodes(tmp_path):
     with pytest.raises(ConfigError, match=r"workers \(3\) must be a multiple of option nnodes \(2\)"):
         DDPSystem().run(RunSpec("ddp", "mlp-digits", workers=3), DDPOptions(nnodes=2, master_port=29500),
                         None)  # type: ignore[arg-type]
+
+
+def test_ranks_are_forked_by_one_zygote_and_leave_when_their_launcher_is_killed(tmp_path):
+    """The ranks come from one warm zygote (one torch import for all); only rank 0 holds the
+    rendezvous socket; SIGKILL on the launcher leaves no rank or zygote behind."""
+    launcher = subprocess.Popen([sys.executable, "-m", "psbench", "run", "--system", "ddp", "-np", "2",
+                                 "--workload", "mlp-digits", "--emulate-device", "step_ms=50", "--epochs", "1000",
+                                 "--results-dir", str(tmp_path), "--no-progress"],
+                                env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            forked = [p for p in psutil.Process(launcher.pid).children(recursive=True)
+                      if "psbench.core.zygote" in " ".join(p.cmdline())]
+            if len(forked) == 3 and any(p.connections("tcp") for p in forked):   # zygote + 2 ranks, training
+                break
+            time.sleep(0.2)
+        assert len(forked) == 3, [p.cmdline() for p in forked]
+        zygote = [p for p in forked if p.ppid() == launcher.pid]
+        ranks = [p for p in forked if p.ppid() != launcher.pid]
+        assert len(zygote) == 1 and all(r.ppid() == zygote[0].pid for r in ranks)
+        def listens(proc: psutil.Process) -> set[int]:
+            return {c.laddr.port for c in proc.connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+        (store_port,) = listens(zygote[0])   # the socket bound by the launcher, passed through
+        assert [store_port in listens(r) for r in ranks].count(True) == 1, "only rank 0 holds the store's socket"
+        launcher.kill()
+        launcher.wait()
+        gone, alive = psutil.wait_procs(forked, timeout=15)
+        assert alive == [], f"left running after the launcher died: {alive}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

@@ -140,6 +140,10 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+# Set by a launcher for the workers it starts (directly or through a zygote): its pid, watched.
+LAUNCHER_PID_ENV = "PSBENCH_LAUNCHER_PID"
+
+
 def launcher_gone(parent_pid: int | None) -> bool:
     """Whether the launcher that started us has died. A worker forked by the zygote has the zygote
     as its parent, so beyond our parent, the launcher's pid is asked directly."""

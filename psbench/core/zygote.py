@@ -73,12 +73,15 @@ class Zygote:
     """Starts the zygote as a supervised child; `fork` asks it for a worker."""
 
     def __init__(self, supervisor: Any, preload: Sequence[str], log_path: Path, env: Mapping[str, str],
-                 name: str = "zygote"):
+                 name: str = "zygote", pass_fds: Sequence[int] = ()):
         # The zygote gets the workers' environment too: thread settings are read when torch's
-        # libraries load, which is in the zygote.
+        # libraries load, which is in the zygote. `pass_fds` (inheritable, e.g. a listening socket
+        # bound here) reach the zygote; a fork keeps those its request names and closes the rest.
         with open(log_path, "wb") as log:
             self.child = supervisor.spawn(name, [sys.executable, "-m", "psbench.core.zygote", *preload], env=env,
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                          role="zygote", pass_fds=tuple(pass_fds))
+        self.passed_fds = tuple(pass_fds)
         self.child.log_path = Path(log_path)
         self.changed = threading.Condition()
         self._exits: dict[int, int] = {}
@@ -104,12 +107,14 @@ class Zygote:
             self._gone = True
             self.changed.notify_all()
 
-    def fork(self, module: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> ForkedProcess:
+    def fork(self, module: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path,
+             keep_fds: Sequence[int] = ()) -> ForkedProcess:
         with self.changed:
             request = self._next_id
             self._next_id += 1
+        close = [fd for fd in self.passed_fds if fd not in keep_fds]
         line = json.dumps({"id": request, "module": module, "argv": list(argv), "env": dict(env),
-                           "log": str(log_path)}) + "\n"
+                           "log": str(log_path), "close_fds": close}) + "\n"
         self.child.proc.stdin.write(line.encode())
         self.child.proc.stdin.flush()
         deadline = time.monotonic() + FORK_TIMEOUT_S
@@ -149,6 +154,8 @@ def _run_child(request: dict[str, Any], reply_fd: int) -> int:
     try:
         os.setsid()
         os.close(reply_fd)
+        for fd in request.get("close_fds", ()):
+            os.close(fd)
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import socket
-import sys
 from pathlib import Path
 
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
-from psbench.systems.allreduce_launch import run_job
+from psbench.systems.allreduce_launch import run_job, spawn_ranks
 from psbench.systems.base import option
 from psbench.systems.common import child_env, prepare
 from psbench.core.errors import ConfigError
@@ -88,16 +87,11 @@ class DDPSystem:
         port = listener.getsockname()[1] if listener else options.master_port
 
         def launch(job: Path, sup: Supervisor) -> None:
-            for rank in ranks:
-                cmd = [sys.executable, "-m", worker_module, "--job", str(job), "--rank", str(rank),
-                       "--world", str(spec.workers), "--master-addr", options.master_addr,
-                       "--master-port", str(port), "--timeout-s", str(options.timeout_s), *worker_args]
-                fds: tuple[int, ...] = ()
-                if rank == 0 and listener is not None:
-                    cmd += ["--listen-fd", str(listener.fileno())]
-                    fds = (listener.fileno(),)
-                sup.spawn(f"rank{rank}", cmd, env=env, log_path=job / f"rank{rank}.log", new_session=False,
-                          pass_fds=fds)
+            spawn_ranks(sup, job, worker_module, ranks,
+                        lambda rank: ["--job", str(job), "--rank", str(rank), "--world", str(spec.workers),
+                                      "--master-addr", options.master_addr, "--master-port", str(port),
+                                      "--timeout-s", str(options.timeout_s), *worker_args],
+                        env, listener)
             if listener is not None:
                 listener.close()  # rank 0 holds its own copy now
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
-from psbench.systems.allreduce_launch import new_job, supervise
+from psbench.systems.allreduce_launch import new_job, spawn_ranks, supervise
 from psbench.systems.common import Prepared, child_env, prepare
 from psbench.systems.ddp.adapter import bind_store_socket
 from psbench.systems.peer_common import PeerOptions, WorkerReport, record_run, shard_plans
@@ -54,12 +53,10 @@ def train(prep: Prepared, options: PeerOptions, recorder: Recorder) -> np.ndarra
     sup = Supervisor()
     try:
         env = child_env(LOOPBACK_ENV)
-        for rank in range(world):
-            cmd = [sys.executable, "-m", "psbench.systems.rpc_ps.process", "--job", str(job), "--rank", str(rank),
-                   "--world", str(world), "--port", str(listener.getsockname()[1])]
-            fds = (listener.fileno(),) if rank == 0 else ()
-            cmd += ["--listen-fd", str(listener.fileno())] if rank == 0 else []
-            sup.spawn(f"rank{rank}", cmd, env=env, log_path=job / f"rank{rank}.log", new_session=False, pass_fds=fds)
+        port = listener.getsockname()[1]
+        spawn_ranks(sup, job, "psbench.systems.rpc_ps.process", range(world),
+                    lambda rank: ["--job", str(job), "--rank", str(rank), "--world", str(world), "--port", str(port)],
+                    env, listener)
         listener.close()  # rank 0 holds its own copy now
         supervise("rpc-ps", sup, job, options.timeout_s)
         reports, t0, t_end = _read_trainers(job, spec.workers)
