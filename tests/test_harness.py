@@ -120,6 +120,18 @@ def test_matrix_expands_systems_workers_seeds_and_system_options() -> None:
     assert len(quick.specs) == 2 and all(s.max_steps == 5 and s.seed == 0 for s in quick.specs)
     with pytest.raises(ConfigError, match="unknown run setting 'epoch'"):
         expand({"matrix": {"system": ["single"], "workload": ["mlp-digits"]}, "settings": {"epoch": 1}})
+    # [[override]]: settings for the runs that match (a [quick] key still wins in --quick)
+    config["override"] = [{"workload": "logreg-digits", "settings": {"epochs": 7, "max_steps": 99}}]
+    by_workload = {s.workload: s for s in expand(config).specs}
+    assert (by_workload["logreg-digits"].epochs, by_workload["logreg-digits"].max_steps) == (7, 99)
+    assert (by_workload["mlp-digits"].epochs, by_workload["mlp-digits"].max_steps) == (1, None)
+    quick_logreg = [s for s in expand(config, quick=True).specs if s.workload == "logreg-digits"]
+    assert [(s.epochs, s.max_steps) for s in quick_logreg] == [(7, 5)]
+    for bad in ({"workload": "mlp-digits"}, {"settings": {"epochs": 2}}):
+        with pytest.raises(ConfigError, match=r"each \[\[override\]\] needs"):
+            expand({**config, "override": [bad]})
+    with pytest.raises(ConfigError, match="unknown run setting 'epoch'"):
+        expand({**config, "override": [{"workload": "mlp-digits", "settings": {"epoch": 2}}]})
     with pytest.raises(ConfigError, match="unknown config section"):
         expand({"matrix": {"system": ["single"], "workload": ["mlp-digits"]}, "setings": {}})
 

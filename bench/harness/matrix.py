@@ -18,6 +18,9 @@
     [[exclude]]                           # drop runs matching every key given
     system = "ps"
     workers = 1
+    [[override]]                          # runs matching every key but `settings` get those settings
+    workload = "logreg-digits"            # (a [quick] key still wins in --quick)
+    settings = { epochs = 50 }
 """
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 
 SPEC_FIELDS = {f.name for f in fields(RunSpec)}
-TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "report",
-                  "allow_oversubscribe"}
+TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "override",
+                  "report", "allow_oversubscribe"}
 
 
 @dataclass
@@ -88,10 +91,12 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
     matrix = dict(config.get("matrix", {}))
     option_matrix: dict[str, dict[str, list[Any]]] = matrix.pop("options", {})
     settings = dict(config.get("settings", {}))
+    quick_keys = set(config.get("quick", {})) if quick else set()
     if quick:
         for key, value in config.get("quick", {}).items():
             (matrix if key in matrix else settings)[key] = value
-    for key in list(matrix) + list(settings):
+    overrides = _overrides(config.get("override", []))
+    for key in list(matrix) + list(settings) + [k for o in overrides for k in o["settings"]]:
         if key not in SPEC_FIELDS - {"options"}:
             raise ConfigError(f"unknown run setting '{key}'; allowed: {', '.join(sorted(SPEC_FIELDS - {'options'}))}")
     if "system" not in matrix and "system" not in settings:
@@ -113,6 +118,9 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
             run = {**base, "options": options}
             if any(_matches(run, ex) for ex in excludes):
                 continue
+            for override in overrides:
+                if _matches(run, override["match"]):
+                    run.update({k: v for k, v in override["settings"].items() if k not in quick_keys})
             specs.append(RunSpec.from_dict(run))
     if not specs:
         raise ConfigError("the config expands to no runs")
@@ -121,6 +129,19 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
     specs.sort(key=lambda spec: spec.seed)
     return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
                       config.get("report", {}), source, quick, bool(config.get("allow_oversubscribe", False)))
+
+
+def _overrides(entries: list[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+    """[[override]] tables as {"match": keys that select runs, "settings": what they get}."""
+    found = []
+    for entry in entries:
+        settings = entry.get("settings")
+        match = {k: v for k, v in entry.items() if k != "settings"}
+        if not isinstance(settings, dict) or not settings or not match:
+            raise ConfigError("each [[override]] needs keys that select runs and a non-empty settings table, "
+                              f"got {entry}")
+        found.append({"match": match, "settings": settings})
+    return found
 
 
 def _matches(run: dict[str, Any], exclude: dict[str, Any]) -> bool:
