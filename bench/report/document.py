@@ -24,8 +24,7 @@ from psbench.bench.report import measures
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
-from psbench.bench.report.stats import (CONFIDENCE, N_BOOT, Interval, VarianceRatio, bootstrap_ci, mlperf_time_to_target,
-                                        paired_variance_ratio, ratio_ci, variance_ratio)
+from psbench.bench.report.stats import CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
 from psbench.bench.harness.results import SuiteResults, load_suite
 
 PLOT_CAPTIONS = {
@@ -291,7 +290,6 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
     rows = []
     for key, group in runs.groupby(SHARDING_GROUP, sort=True):
         for metric, title in metrics:
-            base = group.loc[group["sharding"] == "random", metric].dropna()
             for strategy in _strategy_order(group["sharding"].unique()):
                 values = group.loc[group["sharding"] == strategy, metric].dropna()
                 row: dict[str, Any] = {"workload": key[0], "system": key[1], "workers": key[2],
@@ -299,7 +297,8 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
                                        "sharding": strategy, "seeds": len(values)}
                 _with_ci(row, "mean", values)
                 row["variance"] = values.var(ddof=1) if len(values) > 1 else None
-                vr = _variance_ratio(group, strategy, metric)
+                vr = thesis_findings.sharding_variance_ratio(group[group["sharding"] == "random"],
+                                                             group[group["sharding"] == strategy], metric)
                 row["var ratio (random ÷ this)"] = None if _missing(vr.ratio) else vr.ratio
                 same = strategy == "random"  # random against itself: ratio 1 by definition, nothing to test
                 row["ratio 95% CI"] = "–" if same else _ci(Interval(vr.n_other, vr.ratio, vr.lo, vr.hi))
@@ -308,17 +307,6 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
                 row["p (paired)"] = None if same or _missing(vr.p_pitman_morgan) else vr.p_pitman_morgan
                 rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _variance_ratio(group: pd.DataFrame, strategy: str, metric: str) -> VarianceRatio:
-    """random's variance ÷ the strategy's: paired by seed (interval over resampled seeds, and the
-    Pitman–Morgan test) when both ran the same seeds, the design where only the shards change;
-    otherwise as two independent samples."""
-    base = group[group["sharding"] == "random"].dropna(subset=[metric]).groupby("seed")[metric].first()
-    other = group[group["sharding"] == strategy].dropna(subset=[metric]).groupby("seed")[metric].first()
-    if len(base) >= 3 and set(base.index) == set(other.index):
-        return paired_variance_ratio(base.sort_index().to_numpy(), other.sort_index().to_numpy())
-    return variance_ratio(base, other)
 
 
 PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (issue 18: ps >= 2x each at 4 workers)

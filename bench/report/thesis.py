@@ -25,7 +25,8 @@ import pandas as pd
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.report import measures
 from psbench.bench.report.plots import SHARDING_GROUP, SHARDING_METRICS, _strategy_order, sharding_runs
-from psbench.bench.report.stats import Interval, paired_diff_ci, paired_ratio_ci, paired_variance_ratio
+from psbench.bench.report.stats import (Interval, VarianceRatio, paired_diff_ci, paired_ratio_ci, paired_variance_ratio,
+                                        variance_ratio)
 from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
@@ -155,6 +156,19 @@ def switch(res: SuiteResults) -> Finding | None:
 
 # ---- sharding variance ---------------------------------------------------------------------------
 
+def sharding_variance_ratio(base: pd.DataFrame, other: pd.DataFrame, metric: str) -> VarianceRatio:
+    """random's (`base`) variance of a final metric ÷ a strategy's (`other`), one value per seed:
+    paired over the seeds both ran when at least 3 did (the design: a seed fixes the initial
+    weights, batch order and split, so only the shards change; interval over resampled seeds and
+    the Pitman–Morgan test), otherwise as two independent samples over all their seeds."""
+    a = base.dropna(subset=[metric]).groupby("seed")[metric].first()
+    b = other.dropna(subset=[metric]).groupby("seed")[metric].first()
+    seeds = sorted(set(a.index) & set(b.index))
+    if len(seeds) >= 3:
+        return paired_variance_ratio(a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float))
+    return variance_ratio(a.to_numpy(dtype=float), b.to_numpy(dtype=float))
+
+
 def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
     """Per configuration, strategy and final metric: random's variance ÷ the strategy's over the
     seeds both ran (paired: only the shard assignment changed), interval and p-values."""
@@ -169,8 +183,7 @@ def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
             for metric, title in SHARDING_METRICS:
                 if metric not in group.columns:
                     continue
-                a, b = _paired(base, other, metric)
-                vr = paired_variance_ratio(a, b)
+                vr = sharding_variance_ratio(base, other, metric)
                 rows.append({"workload": key[0], "workers": key[2], "sharding": strategy, "metric": title,
                              "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
                              "p_paired": vr.p_pitman_morgan, "p_brown_forsythe": vr.p_brown_forsythe})
