@@ -84,7 +84,7 @@ def test_ranks_are_forked_by_one_zygote_and_leave_when_their_launcher_is_killed(
         while time.monotonic() < deadline:
             forked = [p for p in psutil.Process(launcher.pid).children(recursive=True)
                       if "psbench.core.zygote" in " ".join(p.cmdline())]
-            if len(forked) == 3 and any(p.connections("tcp") for p in forked):   # zygote + 2 ranks, training
+            if len(forked) == 3 and any(p.net_connections("tcp") for p in forked):   # zygote + 2 ranks, training
                 break
             time.sleep(0.2)
         assert len(forked) == 3, [p.cmdline() for p in forked]
@@ -92,7 +92,7 @@ def test_ranks_are_forked_by_one_zygote_and_leave_when_their_launcher_is_killed(
         ranks = [p for p in forked if p.ppid() != launcher.pid]
         assert len(zygote) == 1 and all(r.ppid() == zygote[0].pid for r in ranks)
         def listens(proc: psutil.Process) -> set[int]:
-            return {c.laddr.port for c in proc.connections("tcp") if c.status == psutil.CONN_LISTEN}
+            return {c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
         (store_port,) = listens(zygote[0])   # the socket bound by the launcher, passed through
         assert [store_port in listens(r) for r in ranks].count(True) == 1, "only rank 0 holds the store's socket"

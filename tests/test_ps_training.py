@@ -132,7 +132,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     from psbench.systems.common import child_env
 
     proc = subprocess.Popen([sys.executable, "-m", "psbench.bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
-                             "-np", "2", "--epochs", "200", "--allow-oversubscribe", "--results-dir", str(tmp_path),
+                             "-np", "2", "--epochs", "5000", "--allow-oversubscribe", "--results-dir", str(tmp_path),
                              "--no-progress"],
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parent = psutil.Process(proc.pid)
@@ -144,7 +144,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
             break
         time.sleep(0.2)
     assert len(family) >= 3, "the run never started its processes"
-    time.sleep(3)  # let the workers train for a bit
+    time.sleep(3)  # let the workers train for a bit (5000 epochs: still training when the signal comes)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err.decode()[-2000:]
