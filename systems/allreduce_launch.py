@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,18 +60,29 @@ def _log_tail(job: Path, n: int = 20) -> str:
 
 
 def spawn_ranks(sup: Supervisor, job: Path, module: str, ranks: Sequence[int], argv_of: Callable[[int], list[str]],
-                env: Mapping[str, str], listener: socket.socket | None = None, listener_rank: int = 0) -> None:
+                env: Mapping[str, str], listener: socket.socket | None = None, listener_rank: int = 0,
+                warm: bool = True) -> None:
     """Start each rank as `python -m module *argv_of(rank)` (log: job/rank{r}.log), forked from one
-    warm zygote. `listener`, the rendezvous store's socket bound here, goes to rank
-    `listener_rank` only (as --listen-fd); the ranks watch this launcher's pid and leave if it dies."""
+    warm zygote, or with warm=False each as a fresh interpreter. `listener`, the rendezvous store's
+    socket bound here, goes to rank `listener_rank` only (as --listen-fd); the ranks watch this
+    launcher's pid and leave if it dies."""
     fds = (listener.fileno(),) if listener is not None else ()
     env = {**env, LAUNCHER_PID_ENV: str(os.getpid())}
+
+    def argv_log(rank: int) -> tuple[tuple[int, ...], list[str], Path]:
+        keep = fds if rank == listener_rank else ()
+        return keep, [*argv_of(rank), *(["--listen-fd", str(fds[0])] if keep else [])], job / f"rank{rank}.log"
+
+    if not warm:
+        for rank in ranks:
+            keep, argv, log = argv_log(rank)
+            sup.spawn(f"rank{rank}", [sys.executable, "-m", module, *argv], env=env, log_path=log,
+                      new_session=False, pass_fds=keep)
+        return
     zygote = Zygote(sup, RANK_PRELOAD, job / "zygote.log", env, pass_fds=fds)
     try:
         for rank in ranks:
-            keep = fds if rank == listener_rank else ()
-            argv = [*argv_of(rank), *(["--listen-fd", str(fds[0])] if keep else [])]
-            log = job / f"rank{rank}.log"
+            keep, argv, log = argv_log(rank)
             sup.adopt(f"rank{rank}", zygote.fork(module, argv, env, log, keep_fds=keep), log)
     finally:
         zygote.close_requests()   # it exits once the ranks have

@@ -54,9 +54,11 @@ def train(prep: Prepared, options: PeerOptions, recorder: Recorder) -> np.ndarra
     try:
         env = child_env(LOOPBACK_ENV)
         port = listener.getsockname()[1]
+        # Fresh interpreters, not the zygote: torch RPC ran 4-5x slower in ranks forked after
+        # torch's import (4 trainers, mlp-digits, no device: ~3.8k vs ~17k samples/s; cause not found).
         spawn_ranks(sup, job, "psbench.systems.rpc_ps.process", range(world),
                     lambda rank: ["--job", str(job), "--rank", str(rank), "--world", str(world), "--port", str(port)],
-                    env, listener)
+                    env, listener, warm=False)
         listener.close()  # rank 0 holds its own copy now
         supervise("rpc-ps", sup, job, options.timeout_s)
         reports, t0, t_end = _read_trainers(job, spec.workers)
