@@ -131,10 +131,17 @@ def test_ctrl_c_stops_every_process(tmp_path):
 
     from psbench.systems.common import child_env
 
+    def as_from_a_terminal() -> None:
+        # SIGINT at its default and unblocked, as a shell's child has it. In full runs of the suite
+        # (never alone) the child ignored SIGINT: an earlier test leaves this process with SIGINT
+        # ignored or blocked, and both are inherited across exec.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen([sys.executable, "-m", "psbench.bench.cli", "run", "--system", "ps", "--workload", "mlp-digits",
                              "-np", "2", "--epochs", "5000", "--allow-oversubscribe", "--results-dir", str(tmp_path),
                              "--no-progress"],
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=as_from_a_terminal)
     parent = psutil.Process(proc.pid)
     deadline = time.monotonic() + 90
     family: list[psutil.Process] = []
