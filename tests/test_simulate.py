@@ -85,14 +85,15 @@ def test_validate_reports_relative_errors():
 
 
 def test_calibrated_model_predicts_measured_single_runs(results_dir: Path):
-    """Calibrate on batch 32 and 128, predict held-out runs at batch 64 that the harness measured
+    """Calibrate on batch 48 and 80, predict held-out runs at batch 64 that the harness measured
     (interleaved with the calibration runs, so a busy shared machine slows all alike). Step time is
-    not exactly linear in batch size (caches), so the calibration points bracket the prediction."""
+    not exactly linear in batch size (caches, kernel choice): on CI's CPU, a 32-128 bracket put batch
+    64 26% off its line, so the calibration points bracket the prediction closely."""
     from psbench.bench.sim.simulate import measure_compute_points
 
     workload = "cnn-mnist1d"
-    points = measure_compute_points(workload, (32, 64, 128), steps=150, repeats=5, results_dir=results_dir)
-    cal = calibrate(workload, batch_sizes=(32, 128), points=points)
+    points = measure_compute_points(workload, (48, 64, 80), steps=300, repeats=5, results_dir=results_dir)
+    cal = calibrate(workload, batch_sizes=(48, 80), points=points)
     assert cal.model_bytes > 0 and cal.bandwidth_Bps > 1e8 and 0 < cal.rtt_s < 0.01
     measured = [m for m in measured_from_results(results_dir / "calibration") if m.batch_size == 64]
     assert len(measured) == 5 and all(m.system == "single" and m.workers == 1 for m in measured)
