@@ -71,10 +71,10 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     so a busy machine does not inflate it. Returns (seconds, the model's parameter count)."""
     from psbench.systems.common import configure_threads, forward_backward, prepare
 
-    prep = prepare(RunSpec(spec.system, spec.workload, batch_size=spec.batch_size, max_steps=12, epochs=100,
-                           data_dir=spec.data_dir))
-    key = (spec.workload, prep.batch_size)
-    if key not in _COMPUTE_CACHE:
+    key = (spec.workload, spec.batch_size or get_workload(spec.workload).batch_size)  # prepare()'s batch size
+    if key not in _COMPUTE_CACHE:  # looked up first: preparing loads the data and shards it (~80 ms)
+        prep = prepare(RunSpec(spec.system, spec.workload, batch_size=key[1], max_steps=12, epochs=100,
+                               data_dir=spec.data_dir))
         configure_threads(1)
         model, loss_fn = prep.build_model(), prep.workload.loss_fn()
         times = []
