@@ -19,7 +19,6 @@ import csv
 import json
 import os
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ import torch
 from torch import nn
 
 from psbench.core.spec import RunSpec
-from psbench.core.supervisor import LAUNCHER_PID_ENV, launcher_gone
+from psbench.core.supervisor import watch_launcher
 from psbench.systems.common import (Prepared, StepClock, compute_step, configure_threads, evaluate_splits,
                                     flat_params, forward_backward, make_optimizer, prepare)
 
@@ -254,20 +253,6 @@ def read_job(job_dir: Path) -> RunSpec:
     return RunSpec.from_dict(json.loads((Path(job_dir) / "spec.json").read_text()))
 
 
-def _exit_with_parent() -> None:
-    """A worker whose launcher died must not linger (it would block the port and a core). The
-    launcher is our parent, or, for a rank forked by the zygote, the pid the launcher set."""
-    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or os.getppid())
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if launcher_gone(launcher):
-                os._exit(3)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-
-
 def write_outputs(job_dir: Path, rank: int, result: SyncResult) -> None:
     tmp = job_dir / f".rank{rank}.steps.csv.tmp"
     with open(tmp, "w", newline="") as fh:
@@ -299,7 +284,7 @@ def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -
     only rank 0's is asked) it is the sync phase of a switch: weights.npy and momentum.npy in the
     job directory are where the async phase starts."""
     job_dir = Path(job_dir)
-    _exit_with_parent()
+    watch_launcher()
     configure_threads(1)
     rank = rank_hint
     try:

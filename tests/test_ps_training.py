@@ -157,3 +157,37 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert proc.returncode == 130, err.decode()[-2000:]
     gone, alive = psutil.wait_procs(family, timeout=5)
     assert not alive, f"left running: {alive}"
+
+
+def test_shards_and_workers_leave_when_their_launcher_is_killed(tmp_path):
+    """SIGKILL on `psbench run` (no chance to clean up): the shard, the zygote and the workers it
+    forked watch the launcher's pid (PSBENCH_LAUNCHER_PID; a worker's parent is the zygote) and exit."""
+    import subprocess
+    import sys
+    import time
+
+    from psbench.core.supervisor import LAUNCHER_PID_ENV
+    from psbench.systems.common import child_env
+
+    launcher = subprocess.Popen([sys.executable, "-m", "psbench", "run", "--system", "ps", "-np", "2", "--workload",
+                                 "mlp-digits", "--emulate-device", "step_ms=50", "--epochs", "1000",
+                                 "--results-dir", str(tmp_path), "--no-progress"],
+                                env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        family: list[psutil.Process] = []
+        while time.monotonic() < deadline:  # a shard, the zygote and 2 workers, the workers training
+            family = psutil.Process(launcher.pid).children(recursive=True)
+            workers = [p for p in family if p.ppid() != launcher.pid]
+            if len(family) == 4 and len(workers) == 2 and all(p.net_connections("tcp") for p in workers):
+                break
+            time.sleep(0.2)
+        assert len(family) == 4 and len(workers) == 2, [p.cmdline() for p in family]
+        assert all(p.environ().get(LAUNCHER_PID_ENV) == str(launcher.pid) for p in family)
+        launcher.kill()
+        launcher.wait()
+        gone, alive = psutil.wait_procs(family, timeout=15)
+        assert alive == [], f"left running after the launcher died: {[p.cmdline() for p in alive]}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

@@ -144,6 +144,29 @@ def pid_alive(pid: int) -> bool:
 LAUNCHER_PID_ENV = "PSBENCH_LAUNCHER_PID"
 
 
+def launcher_pid() -> int | None:
+    """The pid our launcher set in LAUNCHER_PID_ENV (None: started by hand, nothing to watch)."""
+    text = os.environ.get(LAUNCHER_PID_ENV, "")
+    return int(text) if text.isdigit() else None
+
+
+def watch_launcher(launcher: int | None = None, every_s: float = 1.0) -> None:
+    """A started process must not outlive its launcher (it would hold a port and a core, and train
+    on): a daemon thread exits the process (status 3) once the launcher is gone, whatever the main
+    thread is doing. `launcher`: default the pid in LAUNCHER_PID_ENV, else our parent."""
+    import threading
+
+    watched = launcher or launcher_pid() or os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            if launcher_gone(watched):
+                os._exit(3)
+
+    threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
+
+
 def launcher_gone(parent_pid: int | None) -> bool:
     """Whether the launcher that started us has died. A worker forked by the zygote has the zygote
     as its parent, so beyond our parent, the launcher's pid is asked directly."""

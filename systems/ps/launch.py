@@ -3,7 +3,7 @@ control socket, and always stop them: on success, on a worker's failure and on C
 
 Every child is started by the one process supervisor (psbench.core.supervisor) in its own session
 with env=child_env(); stopping is SIGTERM to its tree, a grace period, then SIGKILL. Children also exit by themselves when the
-launcher disappears (they watch their parent pid), so even a SIGKILLed launcher leaves no orphans
+launcher disappears (they watch the pid it sets in PSBENCH_LAUNCHER_PID), so even a SIGKILLed launcher leaves no orphans
 for long.
 
 Control messages (same wire format as the shards, msgpack + raw frames, no pickle):
@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from psbench.core.zygote import Zygote
-from psbench.core.supervisor import Child, Supervisor, describe_exit, launcher_gone, stop_tree
+from psbench.core.supervisor import LAUNCHER_PID_ENV, Child, Supervisor, describe_exit, stop_tree
 from psbench.systems.common import child_env
 from psbench.systems.ps import protocol
 
@@ -118,7 +118,8 @@ class Cluster:
             pass
 
     def _env(self) -> dict[str, str]:
-        return child_env({"PSBENCH_PS_TOKEN": self.token} if self.token else None)
+        # the launcher's pid, which every shard and worker watches (a worker's parent is the zygote)
+        return child_env({LAUNCHER_PID_ENV: str(os.getpid()), **({"PSBENCH_PS_TOKEN": self.token} if self.token else {})})
 
     def _spawn(self, role: str, index: int, argv: list[str]) -> Child:
         return self.supervisor.spawn(f"ps {role} {index}", [sys.executable, *argv], env=self._env(), role=role, index=index,
@@ -237,7 +238,7 @@ class Cluster:
     def _spawn_server(self, j: int, port: int, restore: bool = False) -> Child:
         argv = ["-m", "psbench.systems.ps.server", "--bind", f"{self.host}:{port}", "--shard-id", str(j),
                 "--servers", str(self.n_servers), "--workers", str(self.n_workers),
-                "--control", self.control_address, "--parent-pid", str(os.getpid()), *self.server_args]
+                "--control", self.control_address, *self.server_args]
         if self.faults.checkpoint_dir:
             argv += ["--checkpoint-dir", self.faults.checkpoint_dir]
         ks = self.faults.kill_server
@@ -271,7 +272,7 @@ class Cluster:
             log_path = self.log_dir / f"worker-{i}.log"
             proc = zygote.fork("psbench.systems.ps.worker",
                                ["--servers", ",".join(addresses), "--worker-id", str(i), "--control",
-                                self.control_address, "--parent-pid", str(os.getpid()), *worker_args,
+                                self.control_address, *worker_args,
                                 *(extra or {}).get(i, [])], env, log_path)
             child = self.supervisor.adopt(f"ps worker {i}", proc, log_path)
             child.role, child.index = "worker", i
@@ -321,11 +322,11 @@ class Cluster:
 class WorkerControl:
     """The worker's end of the control socket: say ready, wait for go, send the report."""
 
-    def __init__(self, address: str, worker_id: int, token: str | None, parent_pid: int | None):
+    def __init__(self, address: str, worker_id: int, token: str | None):
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 10000)
         self.sock.connect(address)
-        self.worker_id, self.token, self.parent_pid = worker_id, token, parent_pid
+        self.worker_id, self.token = worker_id, token
 
     def __enter__(self) -> "WorkerControl":
         return self
@@ -335,9 +336,7 @@ class WorkerControl:
 
     def wait_go(self) -> float:
         self.sock.send_multipart(protocol.encode("worker_ready", worker=self.worker_id, token=self.token))
-        while not self.sock.poll(500):
-            if launcher_gone(self.parent_pid):
-                raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
+        self.sock.poll()  # a launcher that dies meanwhile ends us (watch_launcher)
         msg = protocol.decode(self.sock.recv_multipart(copy=False), ops=protocol.CONTROL_OPS)
         return float(msg.extra["t0"])
 
@@ -346,11 +345,7 @@ class WorkerControl:
         self.sock.send_multipart(protocol.encode("worker_progress", worker=self.worker_id, token=self.token,
                                                  step=step, rows=rows, halted=halted))
         if halted:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if launcher_gone(self.parent_pid):
-                    raise SystemExit(f"ps worker {self.worker_id}: launcher is gone")
-                time.sleep(0.05)
+            time.sleep(120)  # killed by the launcher long before (or by watch_launcher, if it died)
 
     def done(self, result: Any) -> None:
         arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in [*result.snapshots, result.final_buffers]]

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from psbench.core.supervisor import launcher_pid, watch_launcher
 from psbench.systems.ps import checkpoint, protocol
 from psbench.systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_consistency, parse_mitigation
 
@@ -549,7 +550,7 @@ PROGRESS_EVERY_S = 1.0  # how often a launched shard tells the launcher its vers
 
 def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           max_bytes: int = protocol.DEFAULT_MAX_BYTES, control: str | None = None,
-          parent_pid: int | None = None, halt_at_version: int | None = None) -> None:
+          halt_at_version: int | None = None) -> None:
     """Bind a ROUTER socket and answer until a shutdown request (or the parent process dies).
     With `control`, report readiness and then the shard's version every second (the launcher
     measures lost work from it). `halt_at_version` (fault injection): on reaching that version,
@@ -588,16 +589,14 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
             try:
                 frames = protocol.recv_frames(sock)
             except zmq.Again:
-                if parent_pid is not None and os.getppid() != parent_pid:
-                    log.warning("shard %d: launcher %d is gone, exiting", shard.shard_id, parent_pid)
-                    return
+                pass
             else:
                 shard.receive(frames[0].bytes, frames[1:], token, max_bytes)
             shard.expire()
             shard.maybe_checkpoint()
             if halt_at_version is not None and shard.version >= halt_at_version:
                 report(halted=True)  # the replies in the outbox are never sent: clients must retry
-                _stall(parent_pid)
+                time.sleep(120)  # killed by the launcher long before (or by watch_launcher, if it died)
                 return
             for ident, out in shard.outbox:
                 protocol.send_frames(sock, [ident, *out])
@@ -609,15 +608,6 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
         sock.close()
         if ctl is not None:
             ctl.close()
-
-
-def _stall(parent_pid: int | None, limit_s: float = 120.0) -> None:
-    """Wait to be killed (fault injection); give up if the launcher is gone or never does."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if parent_pid is not None and os.getppid() != parent_pid:
-            return
-        time.sleep(0.05)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -652,7 +642,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --bind without a token (anyone who reaches the port can train)")
     p.add_argument("--control", help=argparse.SUPPRESS)  # the launcher's control socket
-    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
 
 
@@ -724,9 +713,10 @@ def main(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
     shard = shard_from_args(args)
+    if launcher_pid() is not None:  # started by a launcher (not by hand): leave with it
+        watch_launcher()
     with protocol.zmq_process():
-        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.parent_pid,
-              args.halt_at_version)
+        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.halt_at_version)
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from psbench.core.supervisor import launcher_gone
+from psbench.core.supervisor import launcher_pid, watch_launcher
 from psbench.systems.ps import protocol
 from psbench.systems.ps.partition import partition_keys
 
@@ -59,7 +59,6 @@ class KVWorker:
         import zmq
 
         self.worker_id = worker_id
-        self.parent_pid: int | None = None  # set by a launched worker: stop waiting if the launcher dies
         self.token = token
         self.timeout_ms = int(timeout_s * 1000)
         # A request unanswered for retry_s is sent again (a shard that crashed and restarted lost
@@ -146,8 +145,6 @@ class KVWorker:
                 if waited >= self.timeout_ms:
                     raise protocol.PSError(f"server shard {j} at {self.addresses[j]} did not answer within "
                                            f"{self.timeout_ms / 1000:.0f}s") from None
-                if launcher_gone(self.parent_pid):
-                    raise SystemExit(f"ps worker {self.worker_id}: launcher is gone") from None
                 if waited >= next_retry:
                     protocol.send_frames(sock, frames)
                     self.retries += 1
@@ -424,7 +421,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-json", help=argparse.SUPPRESS)  # the launcher passes its RunSpec whole
     p.add_argument("--start-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--control", help=argparse.SUPPRESS)
-    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     p.add_argument("--snapshots", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fail-at-step", type=int, help=argparse.SUPPRESS)  # fault injection for tests
     p.add_argument("--init-buffers", help=argparse.SUPPRESS)  # .npy of BatchNorm statistics to start from
@@ -483,6 +479,8 @@ def _main(args: argparse.Namespace) -> int:
     from psbench.systems.common import configure_threads, prepare
 
     configure_threads(1)
+    if launcher_pid() is not None:  # started by a launcher (not by hand): leave with it
+        watch_launcher()
     spec = _spec(args)
     worker_id = parse_worker_id(args.worker_id, spec.workers)
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
@@ -497,13 +495,12 @@ def _main(args: argparse.Namespace) -> int:
     with KVWorker(addresses, worker_id, shapes, token, args.timeout_s, retry_s=args.retry_s) as kv:
         if args.init:
             kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
-        kv.parent_pid = args.parent_pid
         del model
         init_buffers = np.load(args.init_buffers, allow_pickle=False) if args.init_buffers else None
         if args.control:
             from psbench.systems.ps.launch import WorkerControl
 
-            with WorkerControl(args.control, worker_id, token, args.parent_pid) as ctl:
+            with WorkerControl(args.control, worker_id, token) as ctl:
                 trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
                                   ctl.progress, args.halt_at_step, args.pipeline)
                 if init_buffers is not None:

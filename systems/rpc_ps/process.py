@@ -29,7 +29,8 @@ import torch.distributed.rpc as rpc
 
 from psbench.core.atomic import atomic_write, atomic_write_json
 from psbench.core.spec import RunSpec
-from psbench.systems.allreduce_common import _exit_with_parent, exit_now, write_error
+from psbench.core.supervisor import watch_launcher
+from psbench.systems.allreduce_common import exit_now, write_error
 from psbench.systems.common import prepare
 from psbench.systems.peer_common import PeerOptions, PeerWorker, ShardCore, ShardPlan, shard_plans
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--listen-fd", type=int, help="rank 0: the rendezvous store's listening socket")
     args = p.parse_args(argv)
-    _exit_with_parent()
+    watch_launcher()
     try:
         spec = RunSpec.from_dict(json.loads((args.job / "spec.json").read_text()))
         options = PeerOptions(**json.loads((args.job / "options.json").read_text()))
