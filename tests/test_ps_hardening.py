@@ -126,6 +126,26 @@ def test_a_push_bsp_rejects_is_not_marked_done():
     assert shard.stats()["duplicates"] == 0
 
 
+def test_a_retry_of_a_push_bsp_timed_out_on_gets_the_same_error_not_a_new_step():
+    """Worker 0's push waits for worker 1, who is gone; the step times out and worker 0 gets an
+    error. Its client resends a request every retry_s: a resend that crosses that error on the wire
+    must get the same error, not open a new step that waits again and then blames worker 0 too
+    (seen in the compose BSP job: 'waiting for worker(s) [0, 1]' where only 1 was lost)."""
+    shard = make_shard("bsp", n=2, step_timeout_s=5.0)
+    before = state_of(shard)
+    send(shard, b"a", "push", 0, arrays=[G], want_params=True, rid=1)
+    shard.expire(now=time.monotonic() + 6)
+    [timed_out] = replies(shard)
+    assert timed_out.op == "error" and "waiting for worker(s) [1]" in timed_out.extra["error"]
+    send(shard, b"a", "push", 0, arrays=[G], want_params=True, rid=1)  # the resend
+    [again] = replies(shard)
+    assert again.op == "error" and again.extra == timed_out.extra and again.extra["rid"] == 1
+    assert shard.policy.waiting_requests() == [] and state_of(shard) == before
+    assert shard.stats()["duplicates"] == 1 and shard.stats()["errors"] == 1
+    send(shard, b"a", "push", 0, arrays=[G], want_params=True, rid=2)  # a new request: a new step
+    assert replies(shard) == [] and [r.rid for r in shard.policy.waiting_requests()] == [2]
+
+
 def test_a_duplicate_answer_carries_the_staleness_it_was_applied_with():
     shard = make_shard("asp", n=2)
     send(shard, b"a", "pull", 0, rid=1)

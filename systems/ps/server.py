@@ -114,6 +114,9 @@ class Shard:
         self.dropped: set[int] = set()        # workers the policy stopped waiting for (dead)
         self.lost_workers: list[int] = []
         self.done: dict[int, tuple[int, int | None]] = {}
+        # per worker, the request id a policy stopped waiting on (BSP/SSP timeout) and the error it got:
+        # a retry of it, sent before that error arrived, gets the error again, not a new round
+        self.expired: dict[int, tuple[int, str]] = {}
         self.n_duplicates = 0
         self.registered: dict[str, int] = {}  # nonce -> worker id
         self.finished: set[int] = set()       # workers that said bye (a job's launcher polls stats for it)
@@ -216,7 +219,10 @@ class Shard:
         self.outbox.append((req.ident, self._params_frames(req, "params", keys)))
 
     def reply_error(self, req: Request, text: str) -> None:
+        """A held request the policy gave up on (a timeout)."""
         self.error(req.ident, text, req.worker, req.rid)
+        if req.rid is not None and req.worker != ADMIN:
+            self.expired[req.worker] = (req.rid, text)
 
     def _reply(self, req: Request, op: str = "ok", **fields: Any) -> None:
         """A small answer; it always echoes the request id (the client matches answers by it)."""
@@ -301,6 +307,9 @@ class Shard:
         held = self.policy.find_pending(req.worker, req.rid)
         if held is not None:
             return lambda: self._rebind(held, req)
+        expired = self._expired_retry(req)
+        if expired is not None:
+            return expired
         return lambda: self.policy.pull(self, req)
 
     def _check_push(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
@@ -329,6 +338,9 @@ class Shard:
         held = self.policy.find_pending(w, req.rid)
         if held is not None:  # a retry of a push still held: answer it on the connection it came from
             return lambda: self._rebind(held, req)
+        expired = self._expired_retry(req)
+        if expired is not None:
+            return expired
         done = self.done.get(w)
         if req.rid is not None and done is not None and req.rid <= done[0]:
             # applied before its reply was lost (or before a restart): answer, never apply twice;
@@ -366,6 +378,18 @@ class Shard:
     def _rebind(self, held: Request, req: Request) -> None:
         held.ident = req.ident
         self.n_duplicates += 1
+
+    def _expired_retry(self, req: Request) -> Callable[[], None] | None:
+        """The answer to a retry of a request the policy timed out on: the same error, once more."""
+        expired = self.expired.get(req.worker)
+        if req.rid is None or expired is None or expired[0] != req.rid:
+            return None
+
+        def act() -> None:
+            self.n_duplicates += 1
+            self.outbox.append((req.ident, protocol.encode("error", worker=req.worker, error=expired[1],
+                                                           **_rid(req.rid))))
+        return act
 
     def _answer_duplicate(self, req: Request, staleness: int | None) -> None:
         self.n_duplicates += 1
