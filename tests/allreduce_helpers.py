@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -86,6 +87,14 @@ def leftover_workers(module: str, since: float) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found + [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def kill_launcher_and_expect_gone(launcher: subprocess.Popen, family: list[psutil.Process], within_s: float = 15) -> None:
+    """SIGKILL the launcher (no chance to clean up), then every process it started must exit by itself."""
+    launcher.kill()
+    launcher.wait()
+    _, alive = psutil.wait_procs(family, timeout=within_s)
+    assert alive == [], f"left running after the launcher died: {[p.cmdline() for p in alive]}"
 
 
 def check_accuracy(run: TrainedRun) -> None:

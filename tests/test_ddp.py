@@ -8,7 +8,8 @@ import time
 import psutil
 import pytest
 
-from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env, leftover_workers,
+from allreduce_helpers import (check_accuracy, check_equals_concat_batch, check_records, fault_env,
+                               kill_launcher_and_expect_gone, leftover_workers,
                                train, train_on_loopback)
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_launch import WorkerFailed
@@ -96,10 +97,7 @@ def test_ranks_are_forked_by_one_zygote_and_leave_when_their_launcher_is_killed(
 
         (store_port,) = listens(zygote[0])   # the socket bound by the launcher, passed through
         assert [store_port in listens(r) for r in ranks].count(True) == 1, "only rank 0 holds the store's socket"
-        launcher.kill()
-        launcher.wait()
-        gone, alive = psutil.wait_procs(forked, timeout=15)
-        assert alive == [], f"left running after the launcher died: {alive}"
+        kill_launcher_and_expect_gone(launcher, forked)
     finally:
         if launcher.poll() is None:
             launcher.kill()

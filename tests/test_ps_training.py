@@ -166,6 +166,7 @@ def test_shards_and_workers_leave_when_their_launcher_is_killed(tmp_path):
     import sys
     import time
 
+    from allreduce_helpers import kill_launcher_and_expect_gone
     from psbench.core.supervisor import LAUNCHER_PID_ENV
     from psbench.systems.common import child_env
 
@@ -184,10 +185,7 @@ def test_shards_and_workers_leave_when_their_launcher_is_killed(tmp_path):
             time.sleep(0.2)
         assert len(family) == 4 and len(workers) == 2, [p.cmdline() for p in family]
         assert all(p.environ().get(LAUNCHER_PID_ENV) == str(launcher.pid) for p in family)
-        launcher.kill()
-        launcher.wait()
-        gone, alive = psutil.wait_procs(family, timeout=15)
-        assert alive == [], f"left running after the launcher died: {[p.cmdline() for p in alive]}"
+        kill_launcher_and_expect_gone(launcher, family)
     finally:
         if launcher.poll() is None:
             launcher.kill()
