@@ -150,13 +150,16 @@ def launcher_pid() -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def watch_launcher(launcher: int | None = None, every_s: float = 1.0) -> None:
+def watch_launcher(or_parent: bool = True, every_s: float = 1.0) -> None:
     """A started process must not outlive its launcher (it would hold a port and a core, and train
     on): a daemon thread exits the process (status 3) once the launcher is gone, whatever the main
-    thread is doing. `launcher`: default the pid in LAUNCHER_PID_ENV, else our parent."""
+    thread is doing. The launcher is the pid in LAUNCHER_PID_ENV; without one, our parent
+    (`or_parent`), or nobody: a process started by hand has no launcher to leave with."""
     import threading
 
-    watched = launcher or launcher_pid() or os.getppid()
+    watched = launcher_pid() or (os.getppid() if or_parent else None)
+    if watched is None:
+        return
 
     def watch() -> None:
         while True:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from psbench.core.supervisor import launcher_pid, watch_launcher
+from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import checkpoint, protocol
 from psbench.systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_consistency, parse_mitigation
 
@@ -233,6 +233,9 @@ class Shard:
         self.n_errors += 1
         self.last_error = text
         log.warning("shard %d: rejected a message from worker %s: %s", self.shard_id, worker, text)
+        self._send_error(ident, text, worker, rid)
+
+    def _send_error(self, ident: bytes, text: str, worker: int, rid: int | None) -> None:
         self.outbox.append((ident, protocol.encode("error", worker=worker, error=text, **_rid(rid))))
 
     # ---- requests -------------------------------------------------------------------------
@@ -387,8 +390,7 @@ class Shard:
 
         def act() -> None:
             self.n_duplicates += 1
-            self.outbox.append((req.ident, protocol.encode("error", worker=req.worker, error=expired[1],
-                                                           **_rid(req.rid))))
+            self._send_error(req.ident, expired[1], req.worker, req.rid)  # not a new error: not counted
         return act
 
     def _answer_duplicate(self, req: Request, staleness: int | None) -> None:
@@ -737,8 +739,7 @@ def main(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
     shard = shard_from_args(args)
-    if launcher_pid() is not None:  # started by a launcher (not by hand): leave with it
-        watch_launcher()
+    watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
     with protocol.zmq_process():
         serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.halt_at_version)
     return 0

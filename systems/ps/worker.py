@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from psbench.core.supervisor import launcher_pid, watch_launcher
+from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import protocol
 from psbench.systems.ps.partition import partition_keys
 
@@ -479,8 +479,7 @@ def _main(args: argparse.Namespace) -> int:
     from psbench.systems.common import configure_threads, prepare
 
     configure_threads(1)
-    if launcher_pid() is not None:  # started by a launcher (not by hand): leave with it
-        watch_launcher()
+    watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
     spec = _spec(args)
     worker_id = parse_worker_id(args.worker_id, spec.workers)
     token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
