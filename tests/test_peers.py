@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from allreduce_helpers import TARGET_ACCURACY, WEIGHT_ATOL, ListenWatch
-from async_helpers import check_async_learned
+from async_helpers import ASYNC_EPOCHS, check_async_learned
 from psbench.bench.cli import main as cli_main
 from psbench.core.records import STEP_COLUMNS, Recorder
 from psbench.core.spec import RunSpec
@@ -103,7 +103,7 @@ def bsp_run(system) -> PeerRun:
 
 @pytest.fixture(scope="module")
 def asp_run(system) -> PeerRun:
-    return _train(system, RunSpec(system, "mlp-digits", workers=2, seed=0), PeerOptions("asp"))
+    return _train(system, RunSpec(system, "mlp-digits", workers=2, seed=0, epochs=ASYNC_EPOCHS), PeerOptions("asp"))
 
 
 def _val(run: PeerRun) -> list[float]:

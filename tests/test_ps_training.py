@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from async_helpers import check_async_learned
+from async_helpers import ASYNC_EPOCHS, check_async_learned
 from psbench.bench.cli import main as cli_main
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
@@ -86,6 +86,7 @@ def test_pipelined_asp_computes_each_gradient_one_reply_behind():
 
 def test_cli_asp_run_learns_and_records_staleness(results_dir):
     rc = cli_main(["run", "--system", "ps", "--workload", "mlp-digits", "-np", "2", "--consistency", "asp",
+                   "--epochs", str(ASYNC_EPOCHS),
                    "--allow-oversubscribe",  # 2 compute-bound workers + the shard: a functional test
                    "--results-dir", str(results_dir), "--suite", "t", "--no-progress"])
     assert rc == 0
@@ -104,7 +105,7 @@ def test_cli_asp_run_learns_and_records_staleness(results_dir):
 
 def test_ssp_learns_and_never_exceeds_its_bound():
     bound = 1
-    spec = RunSpec("ps", "mlp-digits", workers=2, seed=0)
+    spec = RunSpec("ps", "mlp-digits", workers=2, seed=0, epochs=ASYNC_EPOCHS)
     recorder = Recorder(spec)
     result = run_ps_phase(prepare(spec), PSOptions(consistency=f"ssp:{bound}"), recorder)
     [shard] = result.server_stats
