@@ -112,3 +112,18 @@ def test_harness_overhead_end_to_end_against_the_committed_baseline(capsys):
 
 def test_ratio_type_is_exported_for_benchmark_authors():
     assert regress.Ratio(1.0).higher_is_better and not Ratio(1.0, higher_is_better=False).higher_is_better
+
+
+def test_ps_overhead_reports_every_committed_ps_metric_and_its_ceiling(monkeypatch):
+    """ps_overhead passes on what the interleaved benchmark measured, the raw-echo ceiling
+    (echo_vs_single) included, under the names the committed baseline gates."""
+    import psbench.bench.regress.ps_benchmarks as ps_benchmarks
+    from psbench.bench.regress.benchmarks import ps_overhead
+
+    measured = {f"{side}_{name}": 0.1 * i for name in ("cnn_mnist1d", "mlp_digits")
+                for i, side in enumerate(("asp1_vs_single", "asp1_vs_echo", "echo_vs_single"), 1)}
+    monkeypatch.setattr(ps_benchmarks, "ratio_asp_vs_single_interleaved", lambda *a, **k: dict(measured))
+    out = ps_overhead(quick=True)
+    assert out == measured
+    gated = {m.removeprefix("ps.") for m in load_baseline(DEFAULT_BASELINE)["metrics"] if m.startswith("ps.")}
+    assert gated == set(out)
