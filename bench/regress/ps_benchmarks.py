@@ -1,7 +1,7 @@
 """Side-by-side measurements of the parameter server; each returns a dict of ratios / figures.
 
     ratio_roundtrip()        push+pull of 1/10/100 MB vs a raw pyzmq echo of the same bytes (goal, issue 18:
-                             >= 0.8 at 1 MB, >= 0.9 at 10 MB)
+                             >= 0.8 at 1 MB, >= 0.9 at 10 MB), and vs an echo doing the shard's arithmetic
     ratio_asp_vs_single()    ps strict ASP with 1 worker vs `single`, samples/s (goal: >= 0.9 on cnn-mnist1d,
                              >= 0.6 on mlp-digits); also with --pipeline (the round trip overlaps the next
                              step; staleness 1)
@@ -28,18 +28,34 @@ MB = 2**20
 
 # ---- (a) the wire against raw pyzmq ------------------------------------------------------------
 
+SGD_ECHO = b"sgd"  # a header that asks the echo to do a shard's arithmetic on the payload first
+
+
 def _echo_server(port_file: str) -> None:
-    """A raw pyzmq ROUTER that sends every message straight back (the 'no PS' baseline)."""
+    """A raw pyzmq ROUTER that sends every message straight back (the 'no PS' baseline). A message
+    whose header is SGD_ECHO gets the arithmetic a shard does on a push first (the finite check and
+    the SGD update into the received frame, with the shard's own code) and no protocol: the floor
+    of any PS that checks and applies the gradient it is sent."""
+    import numpy as np
     import zmq
+
+    from psbench.systems.ps.server import SGD, all_finite
 
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     with open(port_file, "w") as f:
         f.write(str(port))
+    weights: np.ndarray | None = None
     while True:
         frames = sock.recv_multipart(copy=False)
         if len(frames) == 2 and frames[1].bytes == b"stop":
             return
+        if len(frames) == 3 and frames[1].bytes == SGD_ECHO:
+            grad = np.frombuffer(frames[2].buffer, np.float32)
+            if weights is None or weights.shape != grad.shape:
+                weights = np.zeros_like(grad)
+            if all_finite(grad):  # as the shard: new weights written into the gradient's frame
+                weights = SGD().step(weights, grad, None, 0.0, out=grad)
         sock.send_multipart(frames, copy=False)
 
 
@@ -76,7 +92,10 @@ def echo() -> Iterator[Any]:
 
 
 def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, int] | None = None) -> dict[str, float]:
-    """Per size: raw round-trip time / PS push+pull time (1.0 = the PS adds nothing)."""
+    """Per size: raw round-trip time / PS push+pull time (1.0 = the PS adds nothing). Interleaved
+    with both, the echo doing a shard's arithmetic (SGD_ECHO): `sgd_echo_vs_raw` is the most a PS
+    that checks and applies each gradient with numpy can reach, `vs_sgd_echo` what the PS's
+    protocol and bookkeeping cost beyond it."""
     from psbench.systems.ps.launch import Cluster
     from psbench.systems.ps.worker import KVWorker
 
@@ -90,20 +109,23 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
                 [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "1024"])
                 with KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
                     kv.init([np.zeros(shape, np.float32)])
-                    raw_t, ps_t = [], []
+                    raw_t, sgd_t, ps_t = [], [], []
                     for i in range(reps.get(size, 5) + 1):  # the first of each is a warm-up
-                        t = time.perf_counter()
-                        raw.send_multipart([b"h" * 120, grad], copy=False)
-                        reply = raw.recv_multipart(copy=False)
-                        np.frombuffer(reply[1].buffer, np.float32)
-                        raw_t.append(time.perf_counter() - t)
+                        for header, times in ((b"h" * 120, raw_t), (SGD_ECHO, sgd_t)):
+                            t = time.perf_counter()
+                            raw.send_multipart([header, grad], copy=False)
+                            reply = raw.recv_multipart(copy=False)
+                            np.frombuffer(reply[1].buffer, np.float32)
+                            times.append(time.perf_counter() - t)
                         t = time.perf_counter()
                         kv.push_pull([grad], i)
                         ps_t.append(time.perf_counter() - t)
                     kv.shutdown()
                 cluster.wait_servers()
-            raw_s, ps_s = statistics.median(raw_t[1:]), statistics.median(ps_t[1:])
+            raw_s, sgd_s, ps_s = (statistics.median(t[1:]) for t in (raw_t, sgd_t, ps_t))
             out[f"roundtrip_{size}mb"] = raw_s / ps_s
+            out[f"roundtrip_{size}mb_sgd_echo_vs_raw"] = raw_s / sgd_s
+            out[f"roundtrip_{size}mb_vs_sgd_echo"] = sgd_s / ps_s
             out[f"roundtrip_{size}mb_ps_ms"] = ps_s * 1e3
             out[f"roundtrip_{size}mb_raw_ms"] = raw_s * 1e3
     return out
