@@ -127,3 +127,21 @@ def test_ps_overhead_reports_every_committed_ps_metric_and_its_ceiling(monkeypat
     assert out == measured
     gated = {m.removeprefix("ps.") for m in load_baseline(DEFAULT_BASELINE)["metrics"] if m.startswith("ps.")}
     assert gated == set(out)
+
+
+def test_the_echo_does_a_shards_arithmetic_only_when_asked():
+    """The raw echo sends bytes back as they came; with the SGD_ECHO header it first applies the
+    shard's update (lr 0 from zero weights: zeros come back), and a non-finite gradient is left as is."""
+    import numpy as np
+
+    from psbench.bench.regress.ps_benchmarks import SGD_ECHO, echo
+
+    grad = np.full(1000, 2.0, np.float32)
+    with echo() as sock:
+        replies = []
+        for header, payload in ((b"h", grad), (SGD_ECHO, grad), (SGD_ECHO, np.full(1000, np.nan, np.float32))):
+            sock.send_multipart([header, payload])
+            replies.append(np.frombuffer(sock.recv_multipart()[1], np.float32))
+    assert np.array_equal(replies[0], grad)
+    assert np.array_equal(replies[1], np.zeros_like(grad))
+    assert np.isnan(replies[2]).all()
