@@ -46,6 +46,7 @@ def _echo_server(port_file: str) -> None:
     with open(port_file, "w") as f:
         f.write(str(port))
     weights: np.ndarray | None = None
+    sgd = SGD()  # lr 0, momentum 0: as the roundtrip benchmark's shard
     while True:
         frames = sock.recv_multipart(copy=False)
         if len(frames) == 2 and frames[1].bytes == b"stop":
@@ -55,7 +56,7 @@ def _echo_server(port_file: str) -> None:
             if weights is None or weights.shape != grad.shape:
                 weights = np.zeros_like(grad)
             if all_finite(grad):  # as the shard: new weights written into the gradient's frame
-                weights = SGD().step(weights, grad, None, 0.0, out=grad)
+                weights = sgd.step(weights, grad, None, 0.0, out=grad)
         sock.send_multipart(frames, copy=False)
 
 
