@@ -49,7 +49,7 @@ def test_packed_roundtrip_is_one_frame_of_views():
     np.testing.assert_array_equal(msg.arrays[1], b)
     np.testing.assert_array_equal(msg.flat, flat)
     assert msg.arrays[1].base is not None and np.shares_memory(msg.arrays[1], msg.flat)
-    layout = (["float32", "float32"], [[3, 4], [5]])
+    layout = protocol.PackedLayout([4, 5], [[3, 4], [5]])
     same = protocol.encode("push", worker=1, keys=[4, 5], layout=layout, packed=flat)
     assert frames_bytes(same) == frames_bytes(frames)
 
@@ -72,6 +72,35 @@ def packed(shapes, nbytes, n_frames=1, **over):
 def test_decode_rejects_bad_packed_messages(frames, message):
     with pytest.raises(protocol.ProtocolError, match=re.escape(message)):
         protocol.decode(frames)
+
+
+EXPECTED = protocol.PackedLayout([0, 1], [[1, 2], [3]])
+
+
+def test_decode_of_the_expected_layout_gives_what_the_full_check_gives():
+    flat = np.arange(5, dtype=np.float32)
+    frames = frames_bytes(protocol.encode("push", worker=0, keys=[0, 1], layout=EXPECTED, packed=flat, rid=3))
+    fast, full = protocol.decode(frames, expect=EXPECTED), protocol.decode(frames)
+    assert (fast.keys, fast.shapes, fast.extra, fast.nbytes) == (full.keys, full.shapes, full.extra, full.nbytes)
+    np.testing.assert_array_equal(fast.flat, flat)
+    for a, b in zip(fast.arrays, full.arrays):  # views made on first use, of the one frame
+        assert a.shape == b.shape and np.shares_memory(a, fast.flat)
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("frames, message", [
+    # equal to the layout in Python (True == 1, 0 == False, 2.0 == 2) but not integers: checked in full
+    (packed([[True, 2], [3]], 20), "tensor 0: shape must be a list of non-negative integers"),
+    (packed([[1, 2.0], [3]], 20), "tensor 0: shape must be a list of non-negative integers"),
+    (packed([[1, 2], [3]], 20, keys=[False, 1]), "keys must be non-negative integers"),
+    (packed([[1, 2], [3]], 16), "needs 12 bytes at byte 8 of the packed frame, which has 16"),
+    (packed([[1, 2], [3]], 24), "packed frame has 24 bytes, its 2 tensors 20"),
+    (packed([[1, 2], [3]], 20, n_frames=2), "but the message has 2 tensor frames"),
+])
+def test_a_message_that_only_looks_like_the_expected_layout_is_checked_in_full(frames, message):
+    for expect in (EXPECTED, None):  # the same error either way
+        with pytest.raises(protocol.ProtocolError, match=re.escape(message)):
+            protocol.decode(frames, expect=expect)
 
 
 def good(**over):

@@ -31,6 +31,8 @@ RATIO_BENCHMARKS: dict[str, str] = {
     "harness_overhead": "psbench.bench.regress.benchmarks:harness_overhead",
     "ps": "psbench.bench.regress.benchmarks:ps_overhead",
     "peers": "psbench.bench.regress.peer_benchmarks:ps_vs_peers",
+    # decode of the layout a shard and a worker exchange every step vs the full check (its fast path)
+    "ps_wire": "psbench.bench.regress.ps_benchmarks:ratio_layout_decode",
     # wire, push+pull round trip, shard apply, training step: timed by pytest-benchmark (tests/microbench)
     "micro": "psbench.bench.regress.micro:micro_ratios",
 }

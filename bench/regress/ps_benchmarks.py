@@ -254,6 +254,32 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
     return out
 
 
+def ratio_layout_decode(workload: str = "mlp-digits", rounds: int = 20, burst: int = 500) -> dict[str, float]:
+    """decode of a push in the layout the shard expects (`expect=`: a few list comparisons) against
+    the full element-by-element check of the same frames, in alternating bursts: full / fast (> 1:
+    what the fast path saves on every push and every reply; about 1 if it were lost). Off the
+    socket, so it is the Python cost alone; the median of the rounds' ratios."""
+    from psbench.core.spec import RunSpec
+    from psbench.systems.common import prepare
+    from psbench.systems.ps import protocol
+
+    shapes = [list(p.shape) for p in prepare(RunSpec(system="ps", workload=workload, workers=1)).build_model().parameters()]
+    layout = protocol.PackedLayout(list(range(len(shapes))), shapes)
+    flat = np.zeros(layout.nbytes // 4, np.float32)
+    frames = [bytes(memoryview(f)) for f in protocol.encode("push", worker=0, step=1, version=1, keys=layout.keys,
+                                                              layout=layout, packed=flat, rid=2, want_params=True)]
+
+    def timed(expect: protocol.PackedLayout | None) -> float:
+        t = time.perf_counter()
+        for _ in range(burst):
+            protocol.decode(frames, expect=expect)
+        return time.perf_counter() - t
+
+    timed(layout), timed(None)  # warm-up
+    ratios = [timed(None) / timed(layout) for _ in range(rounds)]
+    return {f"layout_decode_speedup_{workload.replace('-', '_')}": statistics.median(ratios)}
+
+
 def ratio_consistency(workload: str = "mlp-digits", epochs: int = 5) -> dict[str, float]:
     """2 workers; 1 and 2 shards; bsp / asp / ssp:2: samples/s, final val accuracy, mean staleness,
     and samples/s relative to bsp with 1 shard."""

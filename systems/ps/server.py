@@ -94,7 +94,7 @@ class Shard:
         self.keys: list[int] = []
         self.shapes: dict[int, tuple[int, ...]] = {}
         self.spans: dict[int, tuple[int, int]] = {}  # key -> [start, end) in the flat vector
-        self.layout: tuple[list[str], list[list[int]]] = ([], [])  # header dtypes and shapes, key order
+        self.layout = protocol.PackedLayout([], [])  # keys, dtypes, shapes of the packed frame, key order
         self.flat = np.zeros(0, np.float32)
         self.flat_frame: Any = None  # the zmq frame self.flat lives in (sent by reference), if any
         self.momentum_flat: np.ndarray | None = None
@@ -138,7 +138,7 @@ class Shard:
             n = int(np.prod(self.shapes[k], dtype=np.int64))
             self.spans[k] = (offset, offset + n)
             offset += n
-        self.layout = (["float32"] * len(self.keys), [list(self.shapes[k]) for k in self.keys])
+        self.layout = protocol.PackedLayout(self.keys, [list(self.shapes[k]) for k in self.keys])
 
     def views(self, flat: np.ndarray) -> dict[int, np.ndarray]:
         """Per-key views of a flat vector in this shard's layout."""
@@ -421,6 +421,8 @@ class Shard:
         return act
 
     def _check_tensors(self, msg: protocol.Message, exact: bool) -> None:
+        if msg.keys == self.keys and msg.shapes == self.layout.shapes:  # our layout (decode checked the types)
+            return
         if exact and sorted(msg.keys) != self.keys:
             raise protocol.ProtocolError(f"{msg.op} must carry exactly shard {self.shard_id}'s keys {self.keys}, "
                                          f"got {sorted(msg.keys)}")
@@ -559,7 +561,8 @@ class Shard:
         """Decode + handle; a bad message gets an error reply and leaves the state as it was."""
         msg = None
         try:
-            msg = protocol.decode(frames, token=token, max_bytes=max_bytes, ops=protocol.ALL_OPS)
+            msg = protocol.decode(frames, token=token, max_bytes=max_bytes, ops=protocol.ALL_OPS,
+                                  expect=self.layout if self.keys else None)
             self.handle(ident, msg)
         except protocol.ProtocolError as exc:
             worker = msg.worker if msg is not None else ADMIN

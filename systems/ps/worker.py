@@ -79,7 +79,7 @@ class KVWorker:
         sizes = [math.prod(s) for s in self.shapes]
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
         self.spans = [(starts[ks[0]], starts[ks[-1]] + sizes[ks[-1]]) if ks else (0, 0) for ks in self.layout]
-        self.headers = [(["float32"] * len(ks), [list(self.shapes[k]) for k in ks]) for ks in self.layout]
+        self.wire_layouts = [protocol.PackedLayout(ks, [list(self.shapes[k]) for k in ks]) for ks in self.layout]
         self.versions = [0] * len(self.addresses)  # the version of each shard's parameters we hold
         self._again, self._rcvtimeo_opt = zmq.Again, zmq.RCVTIMEO
         self.ctx = zmq.Context.instance()
@@ -150,7 +150,7 @@ class KVWorker:
                     self.retries += 1
                     next_retry += self.retry_ms
                 continue
-            msg = protocol.decode(raw, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS)
+            msg = protocol.decode(raw, max_bytes=self.max_bytes, ops=protocol.REPLY_OPS, expect=self.wire_layouts[j])
             got = msg.extra.get("rid")
             if got == rid:
                 return msg
@@ -220,7 +220,7 @@ class KVWorker:
         for j, (lo, hi) in enumerate(self.spans):
             extra = {} if based_on is None else {"based_on": int(based_on[j])}
             requests[j] = protocol.encode("push", worker=self.worker_id, step=step, version=self.versions[j],
-                                          keys=self.layout[j], layout=self.headers[j], packed=flat[lo:hi],
+                                          keys=self.layout[j], layout=self.wire_layouts[j], packed=flat[lo:hi],
                                           token=self.token, rid=self.rid, want_params=want_params, **extra)
         return self._send(requests)
 
