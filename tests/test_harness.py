@@ -93,7 +93,8 @@ def test_a_failed_run_leaves_nothing_half_written(results_dir: Path, monkeypatch
     monkeypatch.setattr(adapter.SingleSystem, "run", explode)
     with pytest.raises(RuntimeError, match="boom"):
         run_all([RunSpec("single", "mlp-digits")], results_dir, "s", progress=False)
-    assert not _run_dirs(results_dir)
+    assert [p.name for p in _run_dirs(results_dir)] == ["failed"]  # its log only: no run folder
+    assert "boom mid-run" in next((results_dir / "s" / "failed").glob("*.log")).read_text()
 
 
 def test_finish_replaces_an_older_run_directory_whole(results_dir: Path) -> None:
@@ -175,3 +176,31 @@ def test_list_and_help_describe_systems_and_workloads(capsys: pytest.CaptureFixt
         cli.main(["run", "--help"])
     assert exit_info.value.code == 0
     assert "--workers" in capsys.readouterr().out
+
+
+class _FailingSystem:
+    """A system whose run fails with a chained cause, as an adapter boundary raises it."""
+
+    def run(self, spec, options, recorder) -> None:
+        try:
+            raise OSError("the deep cause, with its own line\nand a second line")
+        except OSError as exc:
+            raise RuntimeError("fake: the job failed: the deep cause\nmore detail") from exc
+
+
+def test_a_failed_run_is_one_line_naming_its_log_which_holds_the_whole_trace(results_dir: Path) -> None:
+    from psbench.bench.harness.results import load_suite
+    from psbench.bench.harness.runner import PlannedRun, run_one
+
+    spec = RunSpec("single", "logreg-digits", max_steps=4)
+    with pytest.raises(RuntimeError) as caught:
+        run_one(PlannedRun(spec, _FailingSystem, None), results_dir, "suite")
+    log = results_dir / "suite" / "failed" / f"{spec.run_id}.log"
+    assert str(caught.value) == f"fake: the job failed: the deep cause (log: {log})"
+    text = log.read_text()
+    assert "OSError: the deep cause" in text and "more detail" in text and "Traceback" in text
+    assert not (results_dir / "suite" / spec.run_id).exists()
+    # a failed run's log does not stop the suite's report from reading the completed runs
+    cli.main(["run", "--system", "single", "--workload", "logreg-digits", "--max-steps", "5",
+              "--results-dir", str(results_dir), "--suite", "suite", "--no-progress"])
+    assert len(load_suite(results_dir / "suite").runs) == 1

@@ -65,6 +65,25 @@ def test_failing_task_is_one_clear_error():
     assert "step 2" in message and "injected failure in worker 1 at step 2" in message
 
 
+def test_a_jvm_error_anywhere_in_a_run_is_one_line_with_its_cause_chained(monkeypatch):
+    """Outside the step jobs' own handling (here: caching the shards, a count() whose collect the
+    CI saw fail with a Java trace), a Py4J error still leaves the adapter as one line."""
+    from py4j.protocol import Py4JError
+
+    from psbench.systems.spark import mllib
+
+    def jvm_fails(*_args, **_kw):
+        raise Py4JError("An error occurred while calling o77.collectAndServe.\n: org.apache.spark.SparkException: "
+                        "Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times\n\tat org.apache.spark."
+                        "scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2900)")
+
+    monkeypatch.setattr(mllib, "cached_shards", jvm_fails)
+    with pytest.raises(RuntimeError) as info:
+        run_system("spark-mllib", max_steps=3, options=LOCAL2)
+    assert str(info.value) == "spark-mllib: Job aborted due to stage failure: Task 0 in stage 3.0 failed 1 times"
+    assert isinstance(info.value.__cause__, Py4JError)  # the whole trace stays for the run's failure log
+
+
 def test_ratio_benchmark_measures_both_systems_in_one_run():
     from psbench.bench.regress.spark_benchmarks import ratio_spark_mllib_step_vs_single
 

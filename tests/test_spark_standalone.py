@@ -1,11 +1,17 @@
 """Spark standalone across hosts: a master and two workers (Spark's own daemons) on network-namespace
 hosts, the driver on a third host; spark-mllib, spark-barrier and spark-torch (local_mode=false:
 the DDP ranks run in the executors, on the worker hosts) each train and write a run folder. An
-executor killed mid-run ends the run with one clear error, never a hang. Also on loopback."""
+executor killed mid-run ends the run with one clear error, never a trace or a hang: inside a
+barrier job, inside a collect (spark-mllib's treeAggregate), between two jobs. Also on loopback.
+
+The kill points are exact: the option `hold` pauses the run at a point (a task inside a step's
+job, or the driver between jobs) and creates a marker file; the test kills an executor once the
+marker is there."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,16 +33,19 @@ pytestmark = [pytest.mark.netns, pytest.mark.spark,
               pytest.mark.skipif(REASON is not None, reason=f"spark standalone on netns: {REASON}")]
 
 DRIVER = 3
+KILL_BOUND_S = 60  # from an executor's kill to the driver's exit, at most (a hang fails the test)
 # One driver process runs the given systems in turn (the session, started once, is reused): each is
-# "system" or "system:max_steps".
+# "system", "system:max_steps" or "system:max_steps:hold" (the option hold, see the module's text).
 DRIVER_SCRIPT = """
 import sys
 from psbench.bench.cli import main
 extra = {"spark-torch": ["--local-mode", "false"]}
 for item in sys.argv[1].split(","):
-    system, _, steps = item.partition(":")
+    system, _, rest = item.partition(":")
+    steps, _, hold = rest.partition(":")
     long = ["--epochs", "1000"] if steps else []   # enough epochs that max_steps is the limit
-    rc = main(["run", "--system", system, *extra.get(system, []), *sys.argv[2:], "--max-steps", steps or "12", *long])
+    rc = main(["run", "--system", system, *extra.get(system, []), *(["--hold", hold] if hold else []),
+               *sys.argv[2:], "--max-steps", steps or "12", *long])
     if rc:
         sys.exit(rc)
 """
@@ -49,29 +58,40 @@ def driver_argv(sc: SparkCluster, driver_addr: str, runs: str, results: Path) ->
             "--no-progress", "--no-resume"]
 
 
+def kill_at_marker(sc: SparkCluster, proc: subprocess.Popen, marker: Path, wait_s: float) -> tuple[str, str, float]:
+    """Once the run's hold has created `marker`, SIGKILL one executor JVM of the run; the driver's
+    (stdout, stderr) and the seconds from the kill to its exit (it must exit within KILL_BOUND_S)."""
+    deadline = time.monotonic() + wait_s
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    executors = sc.executor_pids()
+    assert marker.exists() and executors and proc.poll() is None, \
+        f"the run did not reach its hold ({proc.poll()}): {proc.stderr.read()[-3000:] if proc.poll() is not None else ''}"
+    os.kill(executors[0], signal.SIGKILL)
+    t_kill = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=KILL_BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the driver hung: still running {KILL_BOUND_S}s after the executor's kill:\n{err[-3000:]}")
+    return out, err, time.monotonic() - t_kill
+
+
+def assert_one_line_failure(returncode: int, out: str, err: str, results: Path) -> None:
+    """Exit 1, exactly one `psbench: run failed:` line naming the lost executor, no Python or Java
+    stack trace on the console, and the whole story in the run's failure log."""
+    assert returncode == 1, out[-1000:] + err[-2000:]
+    failed = [line for line in err.splitlines() if line.startswith("psbench: run failed:")]
+    assert len(failed) == 1, err[-3000:]
+    assert "Traceback" not in err and not re.search(r"^\s+at [\w.$]+\(", err, re.M), err[-3000:]
+    assert "executor" in failed[0] and "lost" in failed[0], failed[0]
+    (log,) = (results / "standalone" / "failed").glob("*.log")
+    assert f"(log: {log})" in failed[0] and "Traceback" in log.read_text()
+
+
 def manifests(results: Path) -> dict[str, Path]:
     return {json.loads(p.read_text())["spec"]["system"]: p.parent for p in (results / "standalone").glob("*/manifest.json")}
-
-
-def training_executors(sc: SparkCluster) -> list[int]:
-    """Executor JVMs that have started Python workers (tasks of the current run)."""
-    import psutil
-
-    def is_python(proc) -> bool:
-        try:
-            return "python" in proc.name()
-        except psutil.NoSuchProcess:   # ZombieProcess too: one must not hide its siblings
-            return False
-
-    busy = []
-    for pid in sc.executor_pids():
-        try:
-            children = psutil.Process(pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            continue
-        if any(is_python(c) for c in children):
-            busy.append(pid)
-    return busy
 
 
 def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executor_loss_is_one_clear_error(tmp_path: Path):
@@ -82,30 +102,16 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
     with NetLab(hosts=4) as lab, \
             SparkCluster(NetnsHosts(lab=lab), master=0, workers=[1, 2], interface="veth0") as sc:
         assert sc.url == f"spark://{lab.addr(0)}:7077"
-        runs = "spark-mllib,spark-barrier,spark-torch,spark-barrier:5000"
+        marker = tmp_path / "barrier-hold"
+        runs = f"spark-mllib,spark-barrier,spark-torch,spark-barrier:5000:task:20:{marker}"
         proc = lab.exec(DRIVER, driver_argv(sc, lab.addr(DRIVER), runs, results), env=child_env(sc.driver_env()),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 400
-        while len(manifests(results)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert proc.poll() is None and len(manifests(results)) == 3, proc.stderr.read()[-3000:] if proc.poll() else ""
-        # each run is its own application: wait for the last one's executors to run Python tasks
-        # (a deadline of its own: on a loaded machine the three runs above can take most of theirs)
-        deadline = time.monotonic() + 60
-        while not (executors := training_executors(sc)) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        time.sleep(3)                             # the long barrier stage is training by now
-        assert executors and proc.poll() is None, \
-            f"the last run's executors did not start ({proc.poll()}): {proc.stderr.read()[-3000:] if proc.poll() else ''}"
-        os.kill(executors[0], signal.SIGKILL)
-        t_kill = time.monotonic()
-        out, err = proc.communicate(timeout=150)  # a hang fails here
-        waited = time.monotonic() - t_kill
+        # inside a job: the long barrier run's last task pauses at step 20, its peer waits in allGather
+        out, err, waited = kill_at_marker(sc, proc, marker, wait_s=460)
         assert sc.dir is not None
         executor_logs = list(sc.dir.glob("worker*/app-*/*/stderr"))
     print(f"\nexecutor killed; the driver ended {waited:.1f}s later: {err.strip().splitlines()[-1:]}")
-    assert proc.returncode == 1, out[-1000:] + err[-2000:]
-    assert len([line for line in err.splitlines() if line.startswith("psbench: run failed:")]) == 1, err[-2000:]
+    assert_one_line_failure(proc.returncode, out, err, results)
     found = manifests(results)
     assert sorted(found) == ["spark-barrier", "spark-mllib", "spark-torch"]   # none for the killed run
     for system, run_dir in found.items():
@@ -117,6 +123,22 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
         assert steps["loss"].notna().all(), system
     assert json.loads((found["spark-torch"] / "manifest.json").read_text())["extra"]["torch_local_mode"] is False
     assert len(executor_logs) >= 2   # the executors ran on the two worker hosts, in their own folders
+
+
+@pytest.mark.parametrize("point", ["task", "driver"])
+def test_an_executor_lost_inside_a_collect_or_between_jobs_is_one_clear_error(point: str, tmp_path: Path):
+    """spark-mllib (one job per step) on a loopback cluster of two workers: an executor killed while
+    the driver waits in a step's treeAggregate collect ('task': a task pauses inside the job), or
+    while the driver is between two jobs ('driver'), ends the run with one line naming the lost
+    executor. Spark alone would run the lost tasks again on the other executor and carry on."""
+    results, marker = tmp_path / "results", tmp_path / "hold"
+    with SparkCluster(LocalHosts(3), master=0, workers=[1, 2], cores=1) as sc:
+        proc = subprocess.Popen(driver_argv(sc, "127.0.0.1", f"spark-mllib:200:{point}:4:{marker}", results),
+                                env=child_env(sc.driver_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err, waited = kill_at_marker(sc, proc, marker, wait_s=180)
+    print(f"\nexecutor killed at the {point} hold; the driver ended {waited:.1f}s later: {err.strip().splitlines()[-1:]}")
+    assert_one_line_failure(proc.returncode, out, err, results)
+    assert not manifests(results)
 
 
 def test_standalone_cluster_on_loopback(tmp_path: Path):

@@ -27,3 +27,30 @@ def test_failing_rank_is_one_clear_error():
     message = str(info.value)
     assert "\n" not in message
     assert "injected failure in worker 1 at step 2" in message
+
+
+@pytest.mark.parametrize("body, code", [("pass", 0), ("raise SystemError('the script failed')", 1)])
+def test_a_rank_leaves_without_a_teardown_that_can_abort(body: str, code: int):
+    """A finished rank must not die in interpreter teardown (torch's native threads could abort it
+    with SIGABRT, and torchrun's agent on the other node then waited 300 s at its exit barrier):
+    after the script, the rank exits at once, 0, or 1 if the script raised."""
+    import subprocess
+    import sys
+
+    from psbench.systems.common import child_env
+
+    script = ("import os\n"
+              "from psbench.systems.spark.ddp_fn import exit_without_teardown\n"
+              "class AbortsInTeardown:\n"
+              "    def __del__(self):\n"
+              "        os.abort()\n"
+              "keep = AbortsInTeardown()\n"
+              "exit_without_teardown()\n"
+              f"{body}\n")
+    done = subprocess.run([sys.executable, "-c", script], env=child_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert ("the script failed" in done.stderr) == (code == 1)
+    # without it, the same teardown aborts: the check above is not vacuous
+    aborted = subprocess.run([sys.executable, "-c", script.replace("exit_without_teardown()\n", "")],
+                             env=child_env(), capture_output=True, text=True, timeout=60)
+    assert aborted.returncode == -6

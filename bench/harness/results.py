@@ -18,6 +18,8 @@ from psbench.core.errors import ConfigError
 from psbench.core.tables import table_files, read_table_file
 
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png"}  # written by bench.report into the suite folder
+FAILED_DIR = "failed"  # <suite>/failed/<run-id>.log: the harness' log of a run that failed (runner.run_one)
+NOT_RUNS = REPORT_OUTPUTS | {FAILED_DIR}
 SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps",
                 "emulate_device", "stragglers"]
 
@@ -53,7 +55,7 @@ def load_suite(path: Path | str) -> SuiteResults:
         raise ConfigError(f"results folder {path} does not exist (give results/<suite>)")
     run_dirs: list[Path] = []
     for entry in sorted(path.iterdir()):
-        if entry.name.startswith(".") or entry.name in REPORT_OUTPUTS:
+        if entry.name.startswith(".") or entry.name in NOT_RUNS:
             continue  # staging/old run dirs, atomic-write temp files, our own outputs
         if entry.is_dir() and (entry / "manifest.json").is_file():
             run_dirs.append(entry)

@@ -7,13 +7,16 @@ import shutil
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from psbench.core.atomic import atomic_write_text
 from psbench.core.emulation import parse_device, parse_stragglers, real_share, stall_schedule
 from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec
+from psbench.bench.harness.results import FAILED_DIR
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
 from psbench.workloads import get_workload
@@ -172,7 +175,17 @@ def record_run(planned: PlannedRun) -> Recorder:
 
 
 def run_one(planned: PlannedRun, results_dir: Path, suite: str, record_format: str = DEFAULT_FORMAT) -> RunResult:
-    return record_run(planned).finish(results_dir, suite, record_format)
+    """Run and record one planned spec. A run that fails writes no run folder; its message and the
+    whole traceback chain (a JVM's stack trace too) go to <suite>/failed/<run-id>.log, and the
+    error raised names the first cause in one line and that log."""
+    try:
+        recorder = record_run(planned)
+    except RuntimeError as exc:
+        log = Path(results_dir) / suite / FAILED_DIR / f"{planned.spec.run_id}.log"
+        atomic_write_text(log, "".join(traceback.format_exception(exc)))
+        first = next((line for line in str(exc).strip().splitlines() if line.strip()), type(exc).__name__)
+        raise RuntimeError(f"{first} (log: {log})") from exc
+    return recorder.finish(results_dir, suite, record_format)
 
 
 def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = True,

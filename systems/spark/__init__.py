@@ -8,7 +8,8 @@
                 costs about 1 s whatever the model: that floor is Spark's, and it is measured.
 - spark-torch   (torch_distributor.py, ddp_fn.py): TorchDistributor launching torch DDP over gloo.
 
-Shared: session.py (options, SparkSession, one-line errors), partitions.py (shards as RDD records,
+Shared: session.py (options, SparkSession, the adapter boundary: every Spark/Py4J/JVM error and a lost
+executor become one SparkJobFailed line; the `hold` fault-injection points), partitions.py (shards as RDD records,
 the batch schedule), overheads.py (job/stage timings from Spark's status store), benchmarks.py.
 
 Recorded beside the usual rows: recorder.extra['spark_session_start_s'] (kept off the training

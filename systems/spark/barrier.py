@@ -24,7 +24,7 @@ from psbench.systems.common import (StepClock, compute_step, configure_threads, 
                             record_evals, set_flat_params)
 from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
                                       injected_failure)
-from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line,
+from psbench.systems.spark.session import (Hold, SparkJobFailed, SparkOptions, SparkSystem, error_line,
                                            start_session)
 from psbench.core.errors import ConfigError
 
@@ -55,6 +55,7 @@ class Plan:
     eval_every: int
     fail_at_step: int
     workers: int
+    hold: Hold | None
     spec: RunSpec  # for the pacer: emulated device and stragglers
 
 
@@ -78,6 +79,8 @@ def _train_fn(plan: Plan):
                                     spec.seed))
         for step in range(plan.total_steps):
             injected_failure(step, plan.fail_at_step, block.worker, plan.workers)
+            if plan.hold is not None:
+                plan.hold.pause("task", step, block.worker, plan.workers)
             x, y = block.batch(step)
             loss = compute_step(model, loss_fn, x, y, clock, step)
             message = encode(flat_grads(model) * len(y), len(y), loss)
@@ -111,13 +114,14 @@ class SparkBarrierSystem(SparkSystem):
     name = "spark-barrier"
     Options = BarrierOptions
 
-    def run(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
+    def train(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder, barrier_timeout_s=options.barrier_timeout_s)
         sc = session.spark.sparkContext
         prep, data = cached_shards(sc, spec, recorder)
         model = prep.build_model()
         loss_fn = prep.workload.loss_fn()
-        plan = Plan(ModelSpec.of(prep), common_steps(prep), prep.eval_every(), options.fail_at_step, spec.workers, spec)
+        plan = Plan(ModelSpec.of(prep), common_steps(prep), prep.eval_every(), options.fail_at_step, spec.workers,
+                    Hold.parse(options.hold), spec)
         group = f"psbench-{spec.run_id}-{time.time_ns()}"
 
         recorder.start_clock()
@@ -129,7 +133,7 @@ class SparkBarrierSystem(SparkSystem):
             sc.setJobGroup(group, "psbench barrier training", False)
             results = data.barrier().mapPartitions(_train_fn(plan)).collect()
         except Exception as exc:
-            raise RuntimeError(f"spark-barrier: the barrier training job failed: {error_line(exc)}") from None
+            raise SparkJobFailed(f"spark-barrier: the barrier training job failed: {error_line(exc)}") from exc
         finally:
             sc.setJobGroup("", "", False)
             data.unpersist()

@@ -13,6 +13,7 @@ def train(payload: dict[str, Any]) -> bytes | None:
     that is None (ranks in Spark tasks on other hosts), returns them as .npz bytes, which Spark
     brings back to the driver as TorchDistributor.run's result. Other ranks return None."""
     t_enter = time.time()
+    exit_without_teardown()
     import torch
     import torch.distributed as dist
 
@@ -58,6 +59,31 @@ def train(payload: dict[str, Any]) -> bytes | None:
             return result_bytes(torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
         write_result(payload["result_path"], torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
     return None
+
+
+def exit_without_teardown() -> None:
+    """Once TorchDistributor's script has run and saved this rank's output, leave without interpreter
+    teardown. Teardown of torch's native threads can abort ('terminate called without an active
+    exception', SIGABRT) after the rank's work is done; torchrun then reports that node failed and
+    the agent on the other node waits 300 s in its exit barrier: a finished run seen as a hang. The
+    exit status stays honest: 1 if the script ended with an uncaught exception."""
+    import atexit
+    import sys
+
+    failed: list[bool] = []
+    previous_hook = sys.excepthook
+
+    def record_failure(*exc_info) -> None:
+        failed.append(True)
+        previous_hook(*exc_info)
+
+    def leave() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if failed else 0)
+
+    sys.excepthook = record_failure
+    atexit.register(leave)
 
 
 ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s", "compute_s", "emulated_s", "comm_s")

@@ -19,8 +19,8 @@ from psbench.systems.common import (StepClock, compute_step, configure_threads, 
                                     flat_params, make_optimizer, record_evals, set_flat_params, split_flat)
 from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_model, cached_shards, common_steps,
                                       injected_failure)
-from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line,
-                                           start_session)
+from psbench.systems.spark.session import (Hold, SparkJobFailed, SparkOptions, SparkSystem, check_executors,
+                                           error_line, executor_lost, start_session)
 from psbench.core.errors import ConfigError
 
 # One partition's contribution: (sum of per-example gradients, sum of losses, examples, per-worker rows)
@@ -37,7 +37,8 @@ class MllibOptions(SparkOptions):
             raise ConfigError(f"option tree_depth must be >= 1, got {self.tree_depth}")
 
 
-def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: int, spec: RunSpec):
+def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: int, spec: RunSpec,
+                 hold: Hold | None):
     """The task code of one step: the partition's mini-batch gradient at the broadcast weights,
     paced like every system's worker step (an emulated device, stragglers)."""
     def gradient(blocks: Iterator[ShardBlock]) -> Iterator[Partial]:
@@ -47,6 +48,8 @@ def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: i
         set_flat_params(model, weights.value)
         for block in blocks:
             injected_failure(step, fail_at_step, block.worker, spec.workers)
+            if hold is not None:
+                hold.pause("task", step, block.worker, spec.workers)
             x, y = block.batch(step)
             clock = StepClock(pacer_for(spec.emulate_device, spec.stragglers, spec.workload, block.worker,
                                         spec.workers, spec.seed))
@@ -66,7 +69,7 @@ class SparkMllibSystem(SparkSystem):
     name = "spark-mllib"
     Options = MllibOptions
 
-    def run(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
+    def train(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder)
         sc = session.spark.sparkContext
         prep, data = cached_shards(sc, spec, recorder)
@@ -78,17 +81,19 @@ class SparkMllibSystem(SparkSystem):
         total, every = common_steps(prep), prep.eval_every()
         group = f"psbench-{spec.run_id}-{time.time_ns()}"
         driver_rows: list[dict[str, float]] = []
+        hold = Hold.parse(options.hold)
 
         recorder.start_clock()
         with recorder.paused():
             record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
         try:
             for step in range(total):
+                check_executors()  # a loss between jobs: the next job would quietly run on the rest
                 t0 = time.perf_counter()
                 weights = sc.broadcast(flat_params(model))
                 t1 = time.perf_counter()
                 sc.setJobGroup(f"{group}-{step}", f"psbench step {step}", False)
-                grad_sum, _, n, rows = self._job(data, model_spec, weights, step, n_params, options, spec)
+                grad_sum, _, n, rows = self._job(data, model_spec, weights, step, n_params, options, spec, hold)
                 t2 = time.perf_counter()
                 grads = split_flat(grad_sum / n, [tuple(p.shape) for p in model.parameters()])
                 for p, g in zip(model.parameters(), grads):
@@ -112,6 +117,9 @@ class SparkMllibSystem(SparkSystem):
                 if (step + 1) % every == 0:
                     with recorder.paused():
                         record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))
+                if hold is not None:
+                    with recorder.paused():
+                        hold.pause("driver", step, until=executor_lost)
         finally:
             sc.setJobGroup("", "", False)
             data.unpersist()
@@ -123,14 +131,14 @@ class SparkMllibSystem(SparkSystem):
 
     @staticmethod
     def _job(data: Any, model_spec: ModelSpec, weights: Any, step: int, n_params: int, options: MllibOptions,
-             spec: RunSpec) -> Partial:
+             spec: RunSpec, hold: Hold | None) -> Partial:
         """One mini-batch as one Spark job; a failed job becomes one clear line, not a JVM stack trace."""
         zero: Partial = (np.zeros(n_params), 0.0, 0, [])
         try:
-            return data.mapPartitions(_gradient_fn(model_spec, weights, step, options.fail_at_step, spec)
+            return data.mapPartitions(_gradient_fn(model_spec, weights, step, options.fail_at_step, spec, hold)
                                       ).treeAggregate(zero, _add, _add, depth=options.tree_depth)
         except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
-            raise RuntimeError(f"spark-mllib: the Spark job of step {step} failed: {error_line(exc)}") from None
+            raise SparkJobFailed(f"spark-mllib: the Spark job of step {step} failed: {error_line(exc)}") from exc
 
     @staticmethod
     def _record_overheads(sc: Any, group: str, driver_rows: list[dict[str, float]], recorder: Recorder) -> None:

@@ -38,7 +38,7 @@ from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.common import Prepared, evaluate_splits, prepare, record_evals
 from psbench.systems.spark.partitions import clock_mapper, common_steps
-from psbench.systems.spark.session import SparkOptions, SparkSystem, error_line, start_session
+from psbench.systems.spark.session import SparkOptions, SparkJobFailed, SparkSystem, error_line, start_session
 
 ITERATION_JOB = "treeAggregate at GradientDescent"  # the call site of one iteration's job
 # Spark 4.3's GradientDescent runs numIterations + 1 mini-batches (measured: numIterations=5 gives six
@@ -51,9 +51,10 @@ WARMUP_ITERATIONS = 1 + EXTRA_ITERATIONS + 2  # untimed iterations before each r
 class NativeOptions(SparkOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.fail_at_step >= 0:
-            raise ConfigError("option fail_at_step: spark-mllib-native runs Spark's own trainer, which has no "
-                              "hook to fail a task; use spark-mllib for fault injection")
+        for name in ("fail_at_step", "hold"):
+            if getattr(self, name) not in (-1, ""):
+                raise ConfigError(f"option {name}: spark-mllib-native runs Spark's own trainer, which has no hook "
+                                  "to fail or pause a task; use spark-mllib for fault injection")
 
 
 def trainer_kind(workload: Any) -> str:
@@ -222,7 +223,7 @@ class SparkNativeSystem(SparkSystem):
         if spec.budget is not None:
             raise ConfigError("spark-mllib-native takes --max-steps or --epochs (iterations), not --budget")
 
-    def run(self, spec: RunSpec, options: NativeOptions, recorder: Recorder) -> None:
+    def train(self, spec: RunSpec, options: NativeOptions, recorder: Recorder) -> None:
         prep = prepare(spec)
         kind = trainer_kind(prep.workload)
         if prep.data.n_classes != 2:
@@ -263,7 +264,7 @@ class SparkNativeSystem(SparkSystem):
             else:
                 self._mlp(data, model, prep, WARMUP_ITERATIONS)
         except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
-            raise RuntimeError(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from None
+            raise SparkJobFailed(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from exc
         recorder.extra["jvm_warmup_s"] = time.perf_counter() - t_warm
         recorder.extra["jvm_warmup_iterations"] = WARMUP_ITERATIONS
 
@@ -279,7 +280,7 @@ class SparkNativeSystem(SparkSystem):
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
-            raise RuntimeError(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from None
+            raise SparkJobFailed(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from exc
         finally:
             sc.setJobGroup("", "", False)
         to_clock = clock_mapper(recorder)
@@ -321,7 +322,7 @@ class SparkNativeSystem(SparkSystem):
                       fraction: float, workers: int, n_train: int, n_params: int) -> None:
         iterations = iteration_timings(sc, group)
         if len(iterations) != total:
-            raise RuntimeError(f"spark-mllib-native: Spark ran {len(iterations)} '{ITERATION_JOB}' jobs for "
+            raise SparkJobFailed(f"spark-mllib-native: Spark ran {len(iterations)} '{ITERATION_JOB}' jobs for "
                                f"{total} iterations")
         expected = round(fraction * n_train / workers)  # a Bernoulli sample: its expected size per partition
         previous = iterations[0]["submitted"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,47 @@ SPARK_DRIVER_CPU = 0.5
 LOG4J_FILE = Path(__file__).resolve().parent / "log4j2.properties"
 
 
+HOLD_S = 60.0  # the longest an injected hold pauses
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Option hold (tests): at `step`, the last worker's task ('task', inside that step's job) or
+    the driver ('driver', between that step's job and the next) creates `marker` and pauses."""
+    where: str
+    step: int
+    marker: str
+
+    @classmethod
+    def parse(cls, text: str) -> "Hold | None":
+        if not text:
+            return None
+        where, _, rest = text.partition(":")
+        step, _, marker = rest.partition(":")
+        if where not in ("task", "driver") or not step.isdigit() or not marker:
+            raise ConfigError(f"option hold: '{text}' is not 'task:STEP:FILE' or 'driver:STEP:FILE'")
+        return cls(where, int(step), marker)
+
+    def pause(self, where: str, step: int, worker: int | None = None, workers: int | None = None,
+              until: Any = None) -> None:
+        """Pause here if this is the hold's point (a task: only the last worker's); `until()`
+        returning True ends the pause early."""
+        if where != self.where or step != self.step or (worker is not None and worker != (workers or 0) - 1):
+            return
+        Path(self.marker).touch()
+        deadline = time.monotonic() + HOLD_S
+        while time.monotonic() < deadline and not (until is not None and until()):
+            time.sleep(0.1)
+
+
 @dataclass(frozen=True)
 class SparkOptions:
     spark_master: str = option(LOCAL_DEFAULT, "Spark master: local[N] (N = workers), local[K], or spark://host:port")
     spark_conf: str = option("", "extra Spark settings, 'key=value,key=value'")
     fail_at_step: int = option(-1, "make the last worker's task fail at this step (fault injection; -1 = never)")
+    hold: str = option("", "fault injection for tests: 'task:STEP:FILE' (the last worker's task, inside the step's "
+                           "job) or 'driver:STEP:FILE' (the driver, after the step's job) creates FILE and pauses, "
+                           f"up to {HOLD_S:.0f} s, so an executor can be killed at that point")
     driver_host: str = option("127.0.0.1", "address executors reach the driver at (spark.driver.host)")
     driver_bind: str = option("", "address the driver binds (spark.driver.bindAddress; default: driver_host)")
     insecure: bool = option(False, "allow a driver bound beyond loopback without a token (env PSBENCH_SPARK_TOKEN)")
@@ -42,6 +79,7 @@ class SparkOptions:
             raise ConfigError(f"option spark_master: '{self.spark_master}' is not a Spark master; "
                               "use local[N], local[K], local[*] or spark://host:port")
         parse_conf(self.spark_conf)
+        Hold.parse(self.hold)
 
     def master(self, workers: int) -> str:
         return f"local[{workers}]" if self.spark_master == LOCAL_DEFAULT else self.spark_master
@@ -60,9 +98,39 @@ class SparkOptions:
         return {**conf, **parse_conf(self.spark_conf)}
 
 
+class SparkJobFailed(RuntimeError):
+    """A Spark run failed (a task, a job, the JVM, a lost executor); the message is one line that
+    names the first cause."""
+
+
 class SparkSystem:
     """What every Spark adapter shares for the harness: the CPU budget counts the driver and,
-    in local mode only, the workers; availability is pyspark's."""
+    in local mode only, the workers; availability is pyspark's. `run` is the adapter boundary:
+    the adapter's `train` runs under it, and whatever Spark, Py4J or the JVM raises leaves it as
+    one SparkJobFailed line (its cause chained, for the run's failure log); a run that loses an
+    executor fails with that loss as its reason (ExecutorWatch)."""
+
+    name = "spark"
+
+    def train(self, spec: Any, options: Any, recorder: Any) -> None:
+        raise NotImplementedError
+
+    def run(self, spec: Any, options: Any, recorder: Any) -> None:
+        try:
+            self.train(spec, options, recorder)
+            check_executors()
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - py4j, pyspark and the JVM raise many types
+            # a lost executor often fails the job before the watch's next look: it is the first cause
+            lost = _WATCH.confirm_loss() if _WATCH is not None else None
+            if lost:
+                raise SparkJobFailed(f"{self.name}: {lost}") from exc
+            if isinstance(exc, SparkJobFailed):
+                raise
+            raise SparkJobFailed(f"{self.name}: {error_line(exc)}") from exc
+        finally:
+            stop_watch()
 
     @staticmethod
     def extra_cpu(options: SparkOptions, steps_per_s: float, n_params: int) -> float:
@@ -201,7 +269,8 @@ def error_line(exc: BaseException, output: str = "") -> str:
     lines = [line.strip() for line in str(exc).splitlines()]
     for line in lines:
         if "SparkException:" in line or "Job aborted" in line:
-            return line[:500]
+            # Py4J prints the JVM's exception as ': org.apache.spark.SparkException: <why>': keep <why>
+            return re.sub(r"^:?\s*(org\.apache\.spark\.SparkException:\s*)?", "", line)[:500]
     return next((line for line in lines if line), type(exc).__name__)[:500]
 
 
@@ -217,8 +286,103 @@ def python_error(text: str) -> str | None:
     return None
 
 
+class ExecutorWatch:
+    """Ends a run that loses an executor. Spark counts an executor's loss as no task failure: its
+    tasks run again elsewhere, a barrier stage is resubmitted or waits for slots, so even with
+    spark.task.maxFailures=1 a lost executor means silent retries, or a hang. A thread polls the
+    driver's live executors; once one it saw is gone it cancels every job (the call blocked on
+    one raises at once) and keeps the loss as the run's reason."""
+
+    def __init__(self, sc: Any, interval_s: float = 0.5):
+        self.sc = sc
+        self.interval_s = interval_s
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._seen = self._live()
+        self._thread = threading.Thread(target=self._poll, name="psbench-executor-watch", daemon=True)
+        self._thread.start()
+
+    def _live(self) -> set[str]:
+        ids = self.sc._jsc.sc().getExecutorIds()
+        return {str(ids.apply(i)) for i in range(ids.length())}
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if self._look():
+                    self.sc.cancelAllJobs()
+                    return
+            except Exception:  # noqa: BLE001 - the context is stopping: nothing left to watch
+                return
+
+    def _look(self) -> bool:
+        """Compare the live executors with those seen; True (and `lost` set) once one is gone."""
+        if self.lost:
+            return True
+        live = self._live()
+        gone = sorted(self._seen - live)
+        if gone:
+            self.lost = f"executor {gone[0]} was lost{self._reason(gone[0])}; the run ends (psbench retries no lost work)"
+            return True
+        self._seen |= live
+        return False
+
+    def confirm_loss(self, within_s: float = 3.0) -> str | None:
+        """After a failed job: the loss that caused it, if the driver learns of one within `within_s`
+        (it hears of a killed executor a moment after the tasks that died with it)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                if self._look():
+                    return self.lost
+            except Exception:  # noqa: BLE001 - the context is stopping
+                return self.lost
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+
+    def _reason(self, executor_id: str) -> str:
+        """' on HOST: REASON' from Spark's status store, where it has them."""
+        try:
+            summaries = self.sc._jsc.sc().statusStore().executorList(False)
+            for i in range(summaries.length()):
+                entry = summaries.apply(i)
+                if str(entry.id()) == executor_id:
+                    reason = entry.removeReason()
+                    return f" on {entry.hostPort()}" + (f": {reason.get()}" if reason.isDefined() else "")
+        except Exception:  # noqa: BLE001 - the reason is a courtesy; the loss itself is known
+            pass
+        return ""
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+_WATCH: ExecutorWatch | None = None  # the running Spark run's watch (one run at a time per driver)
+
+
+def executor_lost() -> bool:
+    return _WATCH is not None and _WATCH.lost is not None
+
+
+def check_executors() -> None:
+    """Raise SparkJobFailed if the running run lost an executor (between jobs nothing else notices)."""
+    if _WATCH is not None and _WATCH.lost:
+        raise SparkJobFailed(_WATCH.lost)
+
+
+def stop_watch() -> None:
+    global _WATCH
+    if _WATCH is not None:
+        _WATCH.stop()
+        _WATCH = None
+
+
 def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw: Any) -> SessionInfo:
-    """The session for one run; its start-up cost goes to the manifest, not to samples/s."""
+    """The session for one run; its start-up cost goes to the manifest, not to samples/s. On a
+    cluster master (executors that can be lost) an ExecutorWatch runs until the run ends."""
+    global _WATCH
     from psbench.systems.common import configure_threads
 
     configure_threads(1)
@@ -229,4 +393,7 @@ def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw:
                           spark_master=session.master, spark_driver=conf["spark.driver.host"],
                           spark_auth="token" if conf.get("spark.authenticate") == "true" else
                           "insecure" if options.insecure else "loopback")
+    stop_watch()
+    if not session.master.startswith("local"):
+        _WATCH = ExecutorWatch(session.spark.sparkContext)
     return session

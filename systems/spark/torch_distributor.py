@@ -12,12 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from psbench.core.errors import ConfigError
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
 from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 from psbench.systems.spark.partitions import clock_mapper
-from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line,
+from psbench.systems.spark.session import (SparkOptions, SparkJobFailed, SparkSystem, error_line,
                                            start_session)
 
 
@@ -25,12 +26,18 @@ from psbench.systems.spark.session import (SparkOptions, SparkSystem, error_line
 class TorchOptions(SparkOptions):
     local_mode: bool = option(True, "TorchDistributor local_mode: ranks on the driver (true) or in Spark tasks (false)")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hold:
+            raise ConfigError("option hold: spark-torch's steps run in torchrun's ranks, which have no pause hook; "
+                              "use spark-mllib or spark-barrier")
+
 
 class SparkTorchSystem(SparkSystem):
     name = "spark-torch"
     Options = TorchOptions
 
-    def run(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
+    def train(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
         start_session(spec, options, recorder)
         recorder.extra["torch_local_mode"] = options.local_mode
         from pyspark.ml.torch.distributor import TorchDistributor
@@ -63,8 +70,8 @@ class SparkTorchSystem(SparkSystem):
                 with contextlib.redirect_stdout(output):
                     returned = distributor.run(ddp_fn.train, payload)
             except Exception as exc:
-                raise RuntimeError(f"spark-torch: TorchDistributor training failed: "
-                                   f"{error_line(exc, output.getvalue())}") from None
+                raise SparkJobFailed(f"spark-torch: TorchDistributor training failed: "
+                                   f"{error_line(exc, output.getvalue())}") from exc
             finally:
                 for key, value in saved.items():
                     if value is None:
@@ -75,7 +82,7 @@ class SparkTorchSystem(SparkSystem):
             recorder.stop_clock()
             source = payload["result_path"] if options.local_mode else returned
             if not (isinstance(source, bytes) or (source and Path(source).is_file())):
-                raise RuntimeError("spark-torch: TorchDistributor finished but rank 0 gave no result; "
+                raise SparkJobFailed("spark-torch: TorchDistributor finished but rank 0 gave no result; "
                                    f"output tail: {output.getvalue()[-300:]!r}")
             result = ddp_fn.read_result(source)
 
