@@ -36,7 +36,8 @@ from psbench.systems.common import (Prepared, StepClock, compute_step, configure
 
 # "RANK:STEP": that rank raises at that step. A test hook for failure handling, off unless set.
 FAULT_ENV = "PSBENCH_INJECT_FAULT"
-STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes", "compute_s", "emulated_s", "comm_s"]
+STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes", "compute_s", "emulated_s", "comm_s",
+               "update_s"]
 
 # Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
 # sync phase on every rank (the decision is shared by one small reduction).
@@ -53,9 +54,12 @@ class Comm(Protocol):
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
              clock: StepClock) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Return (model to train, optimizer to step) such that step() applies averaged gradients.
-        A system whose gradients start moving inside backward calls clock.computed() there first,
-        so the pacer's sleep comes before the communication, as a slower device's would."""
+        """Return (model to train, optimizer) for `apply`. A system whose gradients start moving
+        inside backward calls clock.gradients_ready(n) from its hooks before moving them (the
+        pacing contract: its communication overlaps the emulated backward's rest, nothing else)."""
+
+    def apply(self, optimizer: torch.optim.Optimizer, clock: StepClock) -> None:
+        """Finish the step's communication, then the optimizer step under clock.update()."""
 
     def barrier(self) -> None: ...
 
@@ -200,6 +204,9 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
 
     comm.barrier()
     clock.start()
+    # one clock for all ranks: rank 0's start (each rank leaves the barrier a little apart, so their
+    # own starts would put rank r's rows off rank 0's timeline, whose clock the run adopts)
+    clock.t_start = comm.sum_floats([clock.t_start if rank == 0 else 0.0])[0]
     done = 0
     stopped = eval_point(0)
     for step, x, y in prep.batches(rank):
@@ -208,12 +215,12 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
         if fault is not None and step == fault:
             raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
         loss = compute_step(train_model, loss_fn, x, y, step_clock, step)
-        optimizer.step()
-        compute_s, emulated_s, rest_s = step_clock.split()
+        comm.apply(optimizer, step_clock)
+        t = step_clock.split()
         done = step + 1
         result.step_rows.append({"worker": rank, "step": step, "t_wall": clock.now(), "n_samples": len(y),
-                                 "loss": loss, "bytes": nbytes, "compute_s": compute_s, "emulated_s": emulated_s,
-                                 "comm_s": rest_s})
+                                 "loss": loss, "bytes": nbytes, "compute_s": t.compute_s, "emulated_s": t.emulated_s,
+                                 "comm_s": t.comm_s, "update_s": t.update_s})
         if step_stop is not None and done < n_steps:
             fire = rank == 0 and step_stop(done, loss)
             if comm.sum_floats([1.0 if fire else 0.0])[0] > 0:
@@ -231,16 +238,19 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
 
 
 def paced_ddp(model: nn.Module, clock: StepClock) -> nn.Module:
-    """DistributedDataParallel whose allreduce (DDP's own hook) starts with clock.computed(): when
-    the first gradient bucket is ready, the step's compute time is taken and an emulated device
-    pays its sleep, before the gradients move, as a slower device's would."""
+    """DistributedDataParallel under the pacing contract: DDP's own allreduce hook, called as each
+    gradient bucket fills during backward, first waits until the emulated backward has produced
+    that bucket (clock.gradients_ready), then starts the bucket's allreduce: it overlaps the rest of
+    the emulated backward, as on a device, and never the forward pass. (One bucket, as for these
+    small models: the allreduce starts when the whole backward is done.)"""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
     ddp = DistributedDataParallel(model)
+    clock.n_elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     def paced_allreduce(state, bucket):
-        clock.computed()
+        clock.gradients_ready(sum(p.numel() for p in bucket.parameters()))
         return allreduce_hook(state, bucket)
 
     ddp.register_comm_hook(None, paced_allreduce)

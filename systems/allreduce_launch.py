@@ -141,7 +141,8 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
             rows += [{"worker": int(r["worker"]), "step": int(r["step"]), "t_wall": float(r["t_wall"]),
                       "n_samples": int(r["n_samples"]), "loss": float(r["loss"]),
                       "bytes": int(r["bytes"]) if r["bytes"] else None,
-                      **{c: float(r[c]) if r.get(c) else None for c in ("compute_s", "emulated_s", "comm_s")}}
+                      **{c: float(r[c]) if r.get(c) else None
+                         for c in ("compute_s", "emulated_s", "comm_s", "update_s")}}
                      for r in csv.DictReader(fh)]
     split_sync_wait(rows)  # an allreduce waits for the slowest rank
     recorder.add_steps(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -113,39 +114,87 @@ def forward_backward(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: t
     return float(loss.detach())
 
 
-class StepClock:
-    """Times one worker step, the same way in every system: the real gradient computation, then
-    the pacer's sleep (an emulated device or a straggler: the rest of the step's target time), and
-    whatever follows (moving gradients and parameters, waiting on other workers).
+@dataclass(frozen=True)
+class StepTimes:
+    """One step's time split, as the step rows record it (psbench/core/records.py)."""
+    compute_s: float   # real gradient computation
+    emulated_s: float  # the emulated device's (or a straggler's) sleep
+    comm_s: float      # the rest: moving gradients and parameters (with waiting, until split off)
+    update_s: float    # the optimizer step / loading the new parameters
 
-        loss = compute_step(model, loss_fn, x, y, clock, step); <communicate>
-        compute_s, emulated_s, rest_s = clock.split()
+
+class StepClock:
+    """Times one worker step, the same way in every system, under the one pacing contract
+    (psbench/core/emulation.py, ARCHITECTURE.md "Pacing"): the real gradient computation; the
+    emulated device's sleep, paid as the gradients become ready; whatever follows (moving gradients
+    and parameters, waiting on other workers); the optimizer step (`update`).
+
+        loss = compute_step(model, loss_fn, x, y, clock, step)   # every gradient ready, device paid
+        <communicate>
+        with clock.update():
+            optimizer.step()
+        times = clock.split()
+
+    A system that moves gradients inside backward calls `gradients_ready(n)` from its hooks before
+    it starts moving those n elements (paced_ddp, the Horovod adapter): it waits until the
+    emulated backward has produced them, so its communication overlaps the rest of the backward
+    part only.
     """
 
-    def __init__(self, pacer: Pacer):
+    def __init__(self, pacer: Pacer, n_elements: int = 0):
         self.pacer = pacer
+        self.n_elements = n_elements  # gradient elements of the model (for gradients_ready)
         self.start = 0.0
         self.step = self.batch = 0
         self.compute_s: float | None = None
-        self.emulated_s = 0.0
+        self.emulated_s = self.update_s = 0.0
+        self._ready = 0
 
     def begin(self, step: int, batch: int) -> None:
         self.start = time.perf_counter()
         self.step, self.batch = step, batch
-        self.compute_s, self.emulated_s = None, 0.0
+        self.compute_s, self.emulated_s, self.update_s, self._ready = None, 0.0, 0.0, 0
+
+    def ready(self, fraction: float) -> None:
+        """The gradients of `fraction` of the model are computed: sleep until the emulated device
+        has them too. At 1.0 the step's compute is done and its real part is taken."""
+        if self.compute_s is not None:
+            return
+        elapsed = time.perf_counter() - self.start
+        real = elapsed - self.emulated_s
+        owed = self.pacer.due_s(self.step, self.batch, fraction, real) - elapsed
+        if owed > 0:
+            slept = time.perf_counter()
+            time.sleep(owed)
+            # an oversleep of a loaded machine is counted here, not hidden in the next phase
+            self.emulated_s += time.perf_counter() - slept
+        if fraction >= 1.0:
+            self.compute_s = real
+
+    def gradients_ready(self, n: int) -> None:
+        """A backward hook's `n` more gradient elements are ready (of n_elements in all)."""
+        self._ready += n
+        self.ready(self._ready / self.n_elements if self.n_elements else 1.0)
 
     def computed(self) -> None:
-        """The gradient is ready: take the compute time and pay the pacer (once per step; DDP's
-        gradient hook calls this inside backward, before the allreduce starts)."""
-        if self.compute_s is None:
-            self.compute_s = time.perf_counter() - self.start
-            self.emulated_s = self.pacer.pad(self.step, self.batch, self.compute_s)
+        """Backward is done: every gradient is ready (once per step)."""
+        self.ready(1.0)
 
-    def split(self) -> tuple[float, float, float]:
-        """(compute_s, emulated_s, the rest of the step so far)."""
+    @contextmanager
+    def update(self) -> Iterator[None]:
+        """Time the optimizer step (or loading new parameters): real work, its own column."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.update_s += time.perf_counter() - began
+
+    def split(self) -> StepTimes:
+        """The step so far: compute, emulated, the rest (communication and waiting), update."""
         total = time.perf_counter() - self.start
-        compute = self.compute_s if self.compute_s is not None else total
-        return compute, self.emulated_s, max(0.0, total - compute - self.emulated_s)
+        compute = self.compute_s if self.compute_s is not None else total - self.emulated_s - self.update_s
+        rest = max(0.0, total - compute - self.emulated_s - self.update_s)
+        return StepTimes(compute, self.emulated_s, rest, self.update_s)
 
 
 def compute_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor, clock: StepClock,

@@ -126,18 +126,20 @@ class PeerWorker:
         self.pending: tuple[int, int, float, float, float, float] | None = None
 
     def receive(self, parts: Sequence[Sequence[Any]], staleness: int | None = None) -> None:
-        now = time.time()
+        loading = time.perf_counter()
         with torch.no_grad():
             for keys, tensors in zip(self.layout, parts):
                 for k, t in zip(keys, tensors):
                     self.params[k].copy_(torch.as_tensor(t))
         if self.pending is None:
             return
+        now, loaded = time.time(), time.perf_counter()
         step, n_samples, loss, compute_s, emulated_s, sent = self.pending
         self.pending = None
-        # comm_s: push to reply (bsp: the launcher's record_run splits off the wait for the others)
+        # comm_s: push to reply (bsp: the launcher's record_run splits off the wait for the others);
+        # update_s: loading the answered parameters
         values = (step, now, n_samples, loss, staleness, self.step_bytes, compute_s, emulated_s,
-                  time.perf_counter() - sent, 0.0)
+                  loading - sent, 0.0, loaded - loading)
         for name, value in zip(ROW_COLUMNS, values, strict=True):
             self.report.rows[name].append(value)
         done = step + 1

@@ -58,13 +58,41 @@ def test_straggler_schedule_is_seeded_and_the_same_for_every_system():
     assert all(1.0 <= f <= 4.5 for f in factors) and len(set(factors)) == 4
 
 
-def test_pacer_sleeps_the_rest_of_the_target_and_counts_what_it_slept():
-    pacer = Pacer(parse_device("step_ms=30"), parse_stragglers("slow:1=2"), "mlp-digits", 1, 2, 0)
-    start = time.perf_counter()
-    slept = pacer.pad(step=0, batch=32, compute_s=0.005)
-    elapsed = time.perf_counter() - start
-    assert slept >= 0.055 and elapsed >= slept   # 2 x 30 ms target, 5 ms of it computed
-    assert Pacer(None, None, "mlp-digits", 0, 1, 0).pad(0, 32, 0.001) == 0.0
+def test_pacer_says_when_a_fraction_of_the_gradients_is_ready_on_the_device():
+    """The contract: forward (1 - b) T, then backward b T, gradients ready in proportion; a slow-down
+    scales T; without a device a slow-down stretches the real compute; never before the real time."""
+    pacer = Pacer(parse_device("step_ms=30,backward=0.5"), parse_stragglers("slow:1=2"), "mlp-digits", 1, 2, 0)
+    assert pacer.due_s(0, 32, 0.0, 0.001) == pytest.approx(0.030)        # 2 x 30 ms: forward ends at 30 ms
+    assert pacer.due_s(0, 32, 0.5, 0.001) == pytest.approx(0.045)
+    assert pacer.due_s(0, 32, 1.0, 0.001) == pytest.approx(0.060)
+    assert pacer.due_s(0, 32, 1.0, 0.100) == pytest.approx(0.100)        # a device faster than the real compute
+    assert parse_device("cluster-node").backward_fraction == pytest.approx(2 / 3)
+    stretch = Pacer(None, parse_stragglers("slow:0=3"), "mlp-digits", 0, 1, 0)
+    assert stretch.due_s(0, 32, 0.3, 0.004) == pytest.approx(0.012)
+    assert Pacer(None, None, "mlp-digits", 0, 1, 0).due_s(0, 32, 1.0, 0.004) == 0.004
+    stalls = Pacer(parse_device("step_ms=10"), parse_stragglers("transient:p=1,ms=50"), "mlp-digits", 0, 1, 0)
+    assert stalls.due_s(3, 32, 0.0, 0.001) == pytest.approx(0.050 + 0.010 / 3)  # a stall comes before the step
+
+
+def test_step_clock_pays_the_device_as_gradients_become_ready_and_times_the_update():
+    """A hook that reports a quarter of the gradients returns once the emulated forward and a quarter
+    of the emulated backward have passed, not before: communication it starts then cannot overlap
+    the forward part. compute / emulated / update are each what they say."""
+    from psbench.systems.common import StepClock
+
+    clock = StepClock(Pacer(parse_device("step_ms=30"), None, "mlp-digits", 0, 1, 0), n_elements=100)
+    clock.begin(0, 32)
+    clock.gradients_ready(25)
+    first = time.perf_counter() - clock.start
+    clock.gradients_ready(75)
+    whole = time.perf_counter() - clock.start
+    clock.computed()  # already done: no second payment
+    with clock.update():
+        time.sleep(0.004)
+    t = clock.split()
+    assert first >= 0.010 + 0.25 * 0.020 - 1e-4                         # forward 10 ms + 1/4 of backward 20 ms
+    assert whole >= 0.030 - 1e-4 and t.emulated_s >= 0.029
+    assert t.compute_s < 0.005 and t.update_s >= 0.004 and t.comm_s < 0.005
 
 
 def test_split_sync_wait_gives_the_last_arrival_no_wait():

@@ -126,14 +126,17 @@ def test_spark_mlp_weights_predict_the_same_in_torch(spark_session):  # noqa: F8
     assert np.allclose(spark_p, torch_p, atol=1e-5)
 
 
-def test_logreg_run_records_a_row_per_partition_per_iteration(spark_session):  # noqa: F811
+def test_logreg_run_records_a_row_per_iteration_with_the_samples_it_drew(spark_session):  # noqa: F811
     rec = run_system("spark-mllib-native", "logreg-higgs-synthetic", batch_size=500, max_steps=8, epochs=10,
                      options={"spark_master": "local[2]"})
     steps = rec.steps
-    assert len(steps) == 8 * 2 and {r["worker"] for r in steps} == {0, 1}
-    times = [r["t_wall"] for r in steps if r["worker"] == 0]
+    assert len(steps) == 8 and [r["step"] for r in steps] == list(range(8))  # n = iterations, not x partitions
+    times = [r["t_wall"] for r in steps]
     assert all(b > a for a, b in zip(times, times[1:]))  # one job per iteration, in order
     assert all(math.isfinite(r["loss"]) and r["compute_s"] > 0 and r["comm_s"] >= 0 for r in steps)
+    # counted, not the expected Bernoulli size: fraction 1/16 of 16,000 rows is 1,000 +- ~30 a draw
+    drawn = [r["n_samples"] for r in steps]
+    assert all(850 <= n <= 1150 for n in drawn) and len(set(drawn)) > 1, drawn
     assert rec.extra["mini_batch_fraction"] == pytest.approx(1000 / 16000)
     evals = {(e["step"], e["split"]): e for e in rec.evals}
     assert set(evals) == {(0, "train"), (0, "val"), (8, "train"), (8, "val")}
@@ -149,7 +152,7 @@ def test_mlp_run_trains_with_the_multilayer_perceptron(spark_session, monkeypatc
                               1, 0.7, model_options={"hidden": (15, 15), "activation": "sigmoid"})
     monkeypatch.setitem(registry.WORKLOADS, small.name, small)
     rec = run_system("spark-mllib-native", small.name, batch_size=8000, max_steps=4, epochs=10)
-    assert len(rec.steps) == 4 * 2
+    assert len(rec.steps) == 4 and all(r["n_samples"] == 16000 for r in rec.steps)  # every row, every iteration
     assert rec.extra["mini_batch_fraction"] == 1.0
     assert "MultilayerPerceptronClassifier" in rec.extra["native_trainer"]
     evals = {(e["step"], e["split"]): e["loss"] for e in rec.evals}

@@ -528,6 +528,7 @@ def collect_ps_files(spec: RunSpec, worker_outs: Sequence[str], fetched_npz: str
     parameters ps-fetch saved, the shards' stats: one run's records from a PS job run elsewhere."""
     import numpy as np
 
+    from psbench.core.records import STEP_TIME_COLUMNS, split_sync_wait
     from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
 
     starts, ends, rows_by_worker = [], [], {}
@@ -544,11 +545,14 @@ def collect_ps_files(spec: RunSpec, worker_outs: Sequence[str], fetched_npz: str
         rows_by_worker[data["worker"]] = (start, rows)
     t0 = min(starts)
     recorder.adopt_clock(t0, max(ends), 0.0)
+    steps = []
     for w, (start, rows) in sorted(rows_by_worker.items()):
-        recorder.add_steps([{"worker": w, "step": s, "t_wall": start - t0 + t, "n_samples": n, "loss": lo,
-                             "staleness": st, "bytes": b} for s, t, n, lo, st, b in
-                            zip(rows["step"], rows["t_wall"], rows["n_samples"], rows["loss"], rows["staleness"],
-                                rows["bytes"])])
+        kept = [c for c in ("step", "n_samples", "loss", "staleness", "bytes", *STEP_TIME_COLUMNS) if c in rows]
+        steps += [{"worker": w, "t_wall": start - t0 + t, **dict(zip(kept, values))}
+                  for t, *values in zip(rows["t_wall"], *(rows[c] for c in kept))]
+    if str(spec.options.get("consistency", "asp")).split(":")[0] != "asp":
+        split_sync_wait(steps)  # bsp/ssp: as the local launcher's records (systems/ps/adapter.py)
+    recorder.add_steps(steps)
     fetched = np.load(fetched_npz)
     prep = prepare(spec)
     model = prep.build_model()

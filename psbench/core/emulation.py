@@ -14,6 +14,18 @@ with the same seed meets the same stragglers, so comparisons are paired.
     --stragglers transient:p=0.01,ms=1000  each step, a worker stalls 1 s with probability 0.01
     --stragglers spread:lo=1,hi=4.5        each worker's slow-down drawn from U(lo, hi) (worker 0 = lo)
     --stragglers slow:1=3+transient:p=0.02,ms=200   several kinds, joined by '+'
+    --emulate-device step_ms=20,backward=0.5       the backward pass's share of a step (default 2/3)
+
+The pacing contract (ARCHITECTURE.md, "Pacing"), one for every system: an emulated step of target
+T is a forward part, (1 - b) T, then a backward part, b T; a stall comes before both. Gradients
+become ready through the backward part in proportion to their size (the last layer's first), so
+the gradients of fraction f of the model are ready at (1 - b) T + f b T. Communication a system
+starts inside backward (DDP buckets, Horovod hooks) may begin once its gradients are ready there:
+it overlaps the rest of the backward part, never the forward part or the optimizer step. A system
+that communicates after backward (a PS push, an allGather) overlaps nothing of its own step; a
+pipelined PS push overlaps the next step's compute, as it would on a device (its next step does
+not wait for the reply). Without a device profile a straggler stretches the real compute itself,
+every part of it by the same factor. The optimizer step is real work on its own clock (update_s).
 """
 from __future__ import annotations
 
@@ -31,14 +43,24 @@ PROFILES_FILE = Path(__file__).resolve().parent / "device_profiles.toml"
 _NUMBER = r"\d+(?:\.\d+)?"
 
 
+# The backward pass's share of a step's compute: backward costs about twice the forward pass (for
+# each layer, the gradients of both its input and its weights, each a matrix product the size of the
+# forward one: Kaplan et al. 2020, "Scaling Laws for Neural Language Models", section 2.1).
+BACKWARD_FRACTION = 2.0 / 3.0
+BACKWARD_SOURCE = "backward ~ 2x forward FLOPs (Kaplan et al. 2020, section 2.1): 2/3 of a step"
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
-    """Target compute time of one mini-batch: step_ms + example_ms * batch (per workload for a profile)."""
+    """Target compute time of one mini-batch: step_ms + example_ms * batch (per workload for a profile),
+    of which `backward_fraction` is the backward pass (the part gradients become ready in)."""
     name: str
     step_ms: float = 0.0
     example_ms: float = 0.0
     per_workload: dict[str, tuple[float, float]] = field(default_factory=dict)  # workload -> (step_ms, example_ms)
     source: str = ""
+    backward_fraction: float = BACKWARD_FRACTION
+    backward_source: str = BACKWARD_SOURCE
 
     def target_s(self, workload: str, batch: int) -> float:
         step_ms, example_ms = self.per_workload.get(workload, (self.step_ms, self.example_ms))
@@ -46,7 +68,8 @@ class DeviceProfile:
 
     def describe(self) -> dict:
         return {"name": self.name, "step_ms": self.step_ms, "example_ms": self.example_ms,
-                "per_workload": {k: list(v) for k, v in self.per_workload.items()}, "source": self.source}
+                "per_workload": {k: list(v) for k, v in self.per_workload.items()}, "source": self.source,
+                "backward_fraction": self.backward_fraction, "backward_source": self.backward_source}
 
 
 def load_profiles() -> dict[str, DeviceProfile]:
@@ -56,7 +79,8 @@ def load_profiles() -> dict[str, DeviceProfile]:
         per = {w: (float(v.get("step_ms", 0.0)), float(v.get("example_ms", 0.0)))
                for w, v in entry.get("workloads", {}).items()}
         out[name] = DeviceProfile(name, float(entry.get("step_ms", 0.0)), float(entry.get("example_ms", 0.0)), per,
-                                  entry.get("source", ""))
+                                  entry.get("source", ""), float(entry.get("backward_fraction", BACKWARD_FRACTION)),
+                                  entry.get("backward_source", BACKWARD_SOURCE))
     return out
 
 
@@ -70,14 +94,18 @@ def parse_device(text: str | None) -> DeviceProfile | None:
         return profiles[text]
     values: dict[str, float] = {}
     for part in text.split(","):
-        m = re.fullmatch(rf"\s*(step_ms|example_ms)\s*=\s*({_NUMBER})\s*", part)
+        m = re.fullmatch(rf"\s*(step_ms|example_ms|backward)\s*=\s*({_NUMBER})\s*", part)
         if not m or m.group(1) in values:
             raise ConfigError(f"--emulate-device '{text}': expected step_ms=X and/or example_ms=Y (milliseconds), "
-                              f"or a profile: {', '.join(sorted(profiles))}")
+                              f"optionally backward=B (0 < B <= 1), or a profile: {', '.join(sorted(profiles))}")
         values[m.group(1)] = float(m.group(2))
-    if not any(values.values()):
+    if not (values.get("step_ms", 0.0) or values.get("example_ms", 0.0)):
         raise ConfigError(f"--emulate-device '{text}': the target time must be > 0")
-    return DeviceProfile(text, values.get("step_ms", 0.0), values.get("example_ms", 0.0))
+    backward = values.get("backward", BACKWARD_FRACTION)
+    if not 0 < backward <= 1:
+        raise ConfigError(f"--emulate-device '{text}': backward=B is the backward pass's share of a step, 0 < B <= 1")
+    return DeviceProfile(text, values.get("step_ms", 0.0), values.get("example_ms", 0.0), backward_fraction=backward,
+                         backward_source=BACKWARD_SOURCE if "backward" not in values else "set by --emulate-device")
 
 
 @dataclass(frozen=True)
@@ -140,9 +168,9 @@ def parse_stragglers(text: str | None) -> Stragglers | None:
 
 @dataclass
 class Pacer:
-    """One worker's pacing: after the real compute of a step, sleep the rest of its target time
-    (device profile x slow-down factor) plus any stall. Without a device profile, a slow-down
-    stretches the real compute itself."""
+    """One worker's pacing under the contract above: when, from a step's start, the gradients of a
+    fraction of the model are ready on the emulated device (`due_s`). Without a device profile a
+    slow-down stretches the real compute itself."""
     device: DeviceProfile | None
     stragglers: Stragglers | None
     workload: str
@@ -158,22 +186,21 @@ class Pacer:
         return self.stragglers.factor(self.worker, self.n_workers, self.seed) if self.stragglers else 1.0
 
     def target_s(self, batch: int, compute_s: float) -> float:
+        """A whole step's time: the device's target (or the real compute) times the slow-down."""
         base = self.device.target_s(self.workload, batch) if self.device is not None else compute_s
         return base * self.factor()
 
-    def pad(self, step: int, batch: int, compute_s: float) -> float:
-        """Sleep what the step still owes; returns the seconds actually slept (the emulated part:
-        an oversleep of a loaded machine is counted here, not hidden in the next phase)."""
+    def due_s(self, step: int, batch: int, fraction: float, real_s: float) -> float:
+        """Seconds from the step's start at which the gradients of `fraction` of the model are ready
+        (1.0: the step's compute is done), given `real_s` seconds of real compute so far; a stall comes
+        first. Never less than real_s: a device slower than this machine's compute only adds time."""
         if not self.active:
-            return 0.0
-        owed = max(0.0, self.target_s(batch, compute_s) - compute_s)
-        if self.stragglers is not None:
-            owed += self.stragglers.stall_s(self.worker, step, self.seed)
-        if owed <= 0:
-            return 0.0
-        start = time.perf_counter()
-        time.sleep(owed)
-        return time.perf_counter() - start
+            return real_s
+        stall = self.stragglers.stall_s(self.worker, step, self.seed) if self.stragglers is not None else 0.0
+        if self.device is None:
+            return stall + real_s * self.factor()
+        b = self.device.backward_fraction
+        return stall + max(real_s, self.target_s(batch, real_s) * ((1.0 - b) + b * min(1.0, fraction)))
 
 
 def pacer_for(emulate_device: str | None, stragglers: str | None, workload: str, worker: int, n_workers: int,

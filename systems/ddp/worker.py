@@ -31,6 +31,10 @@ class DDPComm:
         # the optimizer already holds the same parameter tensors.
         return paced_ddp(model, clock), optimizer
 
+    def apply(self, optimizer: torch.optim.Optimizer, clock: StepClock) -> None:
+        with clock.update():  # DDP's allreduce finished inside backward
+            optimizer.step()
+
     def barrier(self) -> None:
         dist.barrier()
 

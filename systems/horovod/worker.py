@@ -27,7 +27,27 @@ class HorovodComm:
         hvd = self.hvd
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        self._pace(model, clock)  # before Horovod's own hooks, so each of them runs after ours
         return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), op=hvd.Average)
+
+    def _pace(self, model: nn.Module, clock: StepClock) -> None:
+        """The pacing contract for Horovod: DistributedOptimizer starts a parameter's allreduce from
+        a hook on its gradient accumulator as soon as backward has produced it. A hook of ours on
+        the same accumulator, registered first, runs just before: it waits until the emulated
+        backward has produced that gradient too, so the allreduce overlaps the rest of the
+        emulated backward only (without it, Horovod's allreduce ran during the whole sleep)."""
+        params = [p for p in model.parameters() if p.requires_grad]
+        clock.n_elements = sum(p.numel() for p in params)
+        self._accumulators = []  # kept alive: the hooks live on these autograd nodes
+        for p in params:
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]  # how Horovod finds it too
+            accumulator.register_hook(lambda *_, n=p.numel(): clock.gradients_ready(n))
+            self._accumulators.append(accumulator)
+
+    def apply(self, optimizer: torch.optim.Optimizer, clock: StepClock) -> None:
+        optimizer.synchronize()  # wait for the allreduces started in backward: communication
+        with optimizer.skip_synchronize(), clock.update():
+            optimizer.step()
 
     def _name(self, what: str) -> str:
         self._n += 1  # collective names must match across ranks: same call order, same counter

@@ -363,15 +363,18 @@ class Trainer:
         budget = prep.budget_updates(prep.batch_size * (prep.spec.workers if bsp else 1))
 
         def finish(step: int, n_samples: int, loss: float, flight: InFlight, times: tuple[float, float]) -> None:
-            """Take step's reply: load the fresh parameters, record the row (and a snapshot).
-            comm_s: the whole push+pull (a pipelined push: only the time blocked on its reply);
-            the adapter splits off the wait for other workers under bsp/ssp."""
+            """Take step's reply: load the fresh parameters (update_s), record the row (and a
+            snapshot). comm_s: the whole push+pull (a pipelined push: only the time blocked on its
+            reply); the adapter splits off the wait for other workers under bsp/ssp."""
             blocked = time.perf_counter()
-            reply = self.exchange(flight)
-            blocked = time.perf_counter() - blocked
-            comm = blocked if self.pipeline else clock.split()[2]
+            reply = self.kv.push_wait(flight)
+            loading = time.perf_counter()
+            self.load_reply(reply)
+            update = time.perf_counter() - loading
+            comm = loading - blocked if self.pipeline else clock.split().comm_s - update
             t = time.time() - t0
-            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes, *times, comm, 0.0)):
+            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes, *times, comm, 0.0,
+                                          update), strict=True):
                 cols[name].append(value)
             if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
                 out.snapshot_steps.append(step + 1)

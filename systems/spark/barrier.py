@@ -22,7 +22,7 @@ from psbench.systems.base import option
 from psbench.core.emulation import pacer_for
 from psbench.systems.common import (StepClock, compute_step, configure_threads, evaluate_splits, flat_grads, flat_params,
                             record_evals, set_flat_params)
-from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, cached_shards, clock_mapper, common_steps,
+from psbench.systems.spark.partitions import (ModelSpec, ShardBlock, adopt_task_clock, cached_shards, common_steps,
                                       injected_failure)
 from psbench.systems.spark.session import (Hold, SparkJobFailed, SparkOptions, SparkSystem, error_line,
                                            start_session)
@@ -102,7 +102,7 @@ def _train_fn(plan: Plan):
             t3 = time.perf_counter()
             rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
                          "bytes": len(message) + sum(len(m) for m in messages),
-                         "compute_s": clock.compute_s + (t3 - t2), "emulated_s": clock.emulated_s,
+                         "compute_s": clock.compute_s, "emulated_s": clock.emulated_s,
                          "comm_s": t2 - t1, "allgather_s": t2 - t1, "update_s": t3 - t2})
             if rank == 0 and ((step + 1) % plan.eval_every == 0 or step + 1 == plan.total_steps):
                 snapshots.append((step + 1, time.time(), flat_params(model)))
@@ -124,10 +124,6 @@ class SparkBarrierSystem(SparkSystem):
                     Hold.parse(options.hold), spec)
         group = f"psbench-{spec.run_id}-{time.time_ns()}"
 
-        recorder.start_clock()
-        with recorder.paused():
-            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
-        to_clock = clock_mapper(recorder)
         t_submit = time.time()
         try:
             sc.setJobGroup(group, "psbench barrier training", False)
@@ -138,14 +134,15 @@ class SparkBarrierSystem(SparkSystem):
             sc.setJobGroup("", "", False)
             data.unpersist()
         t_done = time.time()
-        recorder.stop_clock()
-
         rows = sorted((r for res in results for r in res["rows"]), key=lambda r: (r["step"], r["worker"]))
+        to_clock = adopt_task_clock(recorder, max(res["t_ready"] for res in results),
+                                    max((r["t_epoch"] for r in rows), default=t_done))
+        record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data), t_wall=0.0)  # the initial model
         split_sync_wait(rows)  # allGather returns when the slowest task has sent
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
                           t_wall=to_clock(r["t_epoch"]), compute_s=r["compute_s"], emulated_s=r["emulated_s"],
-                          comm_s=r["comm_s"], wait_s=r["wait_s"])
+                          comm_s=r["comm_s"], wait_s=r["wait_s"], update_s=r["update_s"])
             recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
                            compute_s=r["compute_s"], allgather_s=r["allgather_s"], update_s=r["update_s"])
         rank0 = next(res for res in results if res["rank"] == 0)

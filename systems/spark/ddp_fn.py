@@ -42,11 +42,12 @@ def train(payload: dict[str, Any]) -> bytes | None:
             break
         injected_failure(step, payload["fail_at_step"], rank, world)
         loss = compute_step(ddp, loss_fn, x, y, clock, step)  # backward allreduces the gradients (gloo)
-        optimizer.step()
-        compute_s, emulated_s, comm_s = clock.split()
+        with clock.update():
+            optimizer.step()
+        t = clock.split()
         rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
                      "bytes": 2 * n_params * 4 * (world - 1) // world, "step_s": time.perf_counter() - clock.start,
-                     "compute_s": compute_s, "emulated_s": emulated_s, "comm_s": comm_s})
+                     "compute_s": t.compute_s, "emulated_s": t.emulated_s, "comm_s": t.comm_s, "update_s": t.update_s})
         if rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             snapshots.append((step + 1, time.time(), flat_params(model)))
     # Every rank ran the same step count: gather the rows as one float64 tensor (no pickled objects).
@@ -86,7 +87,8 @@ def exit_without_teardown() -> None:
     atexit.register(leave)
 
 
-ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s", "compute_s", "emulated_s", "comm_s")
+ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s", "compute_s", "emulated_s", "comm_s",
+              "update_s")
 _INT_FIELDS = {"worker", "step", "n_samples", "bytes"}
 
 

@@ -106,14 +106,14 @@ class SparkMllibSystem(SparkSystem):
                                     "driver_job_s": t2 - t1, "update_s": t3 - t2,
                                     "task_python_s": max(r[3] for r in rows)})
                 # Time: each task's compute and emulated sleep; waiting for the slowest task of the job;
-                # the rest of the step (broadcast, scheduling, task launch, treeAggregate, update) is
-                # what Spark spends moving the model and gradients.
+                # the driver's update; the rest of the step (broadcast, scheduling, task launch,
+                # treeAggregate) is what Spark spends moving the model and gradients.
                 slowest = max(r[5] + r[6] for r in rows)
                 for worker, n_w, loss_w, _, _, compute_s, emulated_s in sorted(rows):
                     # down: the broadcast weights (float32); up: the partial gradient sum (float64)
                     recorder.step(worker, step, n_w, loss_w, nbytes=n_params * 4 + n_params * 8, t_wall=t_wall,
-                                  compute_s=compute_s, emulated_s=emulated_s, comm_s=max(0.0, t3 - t0 - slowest),
-                                  wait_s=slowest - compute_s - emulated_s)
+                                  compute_s=compute_s, emulated_s=emulated_s, comm_s=max(0.0, t2 - t0 - slowest),
+                                  wait_s=slowest - compute_s - emulated_s, update_s=t3 - t2)
                 if (step + 1) % every == 0:
                     with recorder.paused():
                         record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))

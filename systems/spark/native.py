@@ -14,10 +14,11 @@
 - Anything else (cnn, resnet, relu MLPs) has no native trainer here: a ConfigError says so.
 
 Per-iteration times come from Spark's status store (the data its UI shows): every iteration is one
-`treeAggregate at GradientDescent` job; a step row per partition (worker) per iteration carries the
-job's completion time on the run's clock, the partition task's run time (sampling pass + gradient)
-as compute_s, the wait for the slowest partition task as wait_s, and the rest of the iteration
-(scheduling, the final aggregate, broadcast, the driver's update) as comm_s. Evaluation loads the
+`treeAggregate at GradientDescent` job, and one step row per iteration (n = iterations) carries the
+job's completion time on the run's clock, the rows the iteration really drew (counted after the run
+with the same seeded sample), the slowest partition task's run time (sampling pass + gradient) as
+compute_s, and the rest of the iteration (scheduling, the final aggregate, broadcast, the driver's
+update) as comm_s. Evaluation loads the
 trained weights into the workload's torch model and runs systems/common.py's evaluate_splits, at
 step 0 and at the end (the JVM runs all iterations in one call). An emulated device cannot pace the
 JVM's inner loop: it is not applied (the manifest's conditions say emulate_device_applied: false,
@@ -286,8 +287,9 @@ class SparkNativeSystem(SparkSystem):
         to_clock = clock_mapper(recorder)
         train_end = recorder.now()
         (logreg_from_spark if kind == "logreg" else mlp_from_spark)(model, weights)
-        self._record_steps(sc, group, recorder, to_clock, losses, total, fraction, spec.workers, n_train,
-                           len(weights))
+        with recorder.paused():
+            drawn = drawn_per_iteration(data, fraction if kind == "logreg" else 1.0, total, n_train)
+        self._record_steps(sc, group, recorder, to_clock, losses, total, drawn, len(weights))
         with recorder.paused():
             record_evals(recorder, total, evaluate_splits(model, loss_fn, prep.data), t_wall=train_end)
         recorder.stop_clock()
@@ -319,21 +321,32 @@ class SparkNativeSystem(SparkSystem):
 
     @staticmethod
     def _record_steps(sc: Any, group: str, recorder: Recorder, to_clock: Any, losses: list[float], total: int,
-                      fraction: float, workers: int, n_train: int, n_params: int) -> None:
+                      drawn: list[int], n_params: int) -> None:
+        """One row per iteration (the JVM's iteration is one step of the whole cluster): the samples
+        it really drew, the slowest partition task's run time as compute_s (its sampling pass and
+        gradient), the rest of the iteration (scheduling, the final aggregate, broadcast, the
+        driver's update) as comm_s; each partition's task time is in the iteration's event."""
         iterations = iteration_timings(sc, group)
         if len(iterations) != total:
             raise SparkJobFailed(f"spark-mllib-native: Spark ran {len(iterations)} '{ITERATION_JOB}' jobs for "
-                               f"{total} iterations")
-        expected = round(fraction * n_train / workers)  # a Bernoulli sample: its expected size per partition
+                                 f"{total} iterations")
         previous = iterations[0]["submitted"]
         for step, it in enumerate(iterations):
             step_s = it["completed"] - previous  # from the previous iteration's end: driver work included
             previous = it["completed"]
             slowest = max(it["task_run_s"].values())
-            for worker in range(workers):
-                compute = it["task_run_s"].get(worker, math.nan)
-                recorder.step(worker, step, expected, losses[step] if step < len(losses) else math.nan,
-                              nbytes=n_params * 16, t_wall=to_clock(it["completed"]), compute_s=compute,
-                              emulated_s=0.0, comm_s=max(0.0, step_s - slowest), wait_s=slowest - compute)
+            recorder.step(0, step, drawn[step], losses[step] if step < len(losses) else math.nan,
+                          nbytes=n_params * 16 * len(it["task_run_s"]), t_wall=to_clock(it["completed"]),
+                          compute_s=slowest, emulated_s=0.0, comm_s=max(0.0, step_s - slowest), wait_s=0.0,
+                          update_s=None)
             recorder.event("spark_step", step=step, t_wall=to_clock(it["completed"]), job_s=it["completed"] -
                            it["submitted"], step_s=step_s, task_run_s=sorted(it["task_run_s"].values()))
+
+
+def drawn_per_iteration(data: Any, fraction: float, total: int, n_train: int) -> list[int]:
+    """The rows each of `total` iterations of runMiniBatchSGD really drew: its iteration i (from 1)
+    samples data.sample(false, fraction, 42 + i) (Spark 4.3's GradientDescent, read from its
+    bytecode), so the same call counts them exactly, after the run, off its clock."""
+    if fraction >= 1.0:
+        return [n_train] * total
+    return [int(data.sample(False, float(fraction), 42 + i).count()) for i in range(1, total + 1)]

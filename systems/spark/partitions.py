@@ -106,6 +106,15 @@ def clock_mapper(recorder: Any) -> Any:
     return lambda t_epoch: clock_now + (t_epoch - epoch_now)
 
 
+def adopt_task_clock(recorder: Any, t_first: float, t_last: float) -> Any:
+    """Training ran in tasks (other processes, maybe other hosts): the run's clock is theirs, from
+    when every task was ready to train (t_first, epoch s) to the last step's end (t_last). What came
+    before (the session, the data, the job's launch: scheduling, Python workers, torchrun) is the
+    launch column (setup_s), never the first step's time. Returns the epoch -> clock map."""
+    recorder.adopt_clock(t_first, t_last, 0.0)
+    return lambda t_epoch: t_epoch - t_first
+
+
 def cached_shards(sc: Any, spec: Any, recorder: Any) -> tuple[Prepared, Any]:
     """Prepare the run and cache its shards as an RDD (partition i = worker i's shard); the
     time this takes is recorded as spark_data_ready_s."""

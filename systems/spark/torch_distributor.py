@@ -17,7 +17,7 @@ from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
 from psbench.systems.common import evaluate_splits, prepare, record_evals, set_flat_params
-from psbench.systems.spark.partitions import clock_mapper
+from psbench.systems.spark.partitions import adopt_task_clock
 from psbench.systems.spark.session import (SparkOptions, SparkJobFailed, SparkSystem, error_line,
                                            start_session)
 
@@ -53,25 +53,26 @@ class SparkTorchSystem(SparkSystem):
         distributor = TorchDistributor(num_processes=spec.workers, local_mode=options.local_mode, use_gpu=False)
         logging.getLogger("TorchDistributor").setLevel(logging.WARNING)
 
-        recorder.start_clock()
-        with recorder.paused():
-            record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
-        to_clock = clock_mapper(recorder)
         with tempfile.TemporaryDirectory(prefix="psbench-torch-") as tmp:
             # local mode: rank 0 writes its result here; in tasks (possibly on other hosts) it is
             # returned through Spark as run()'s value instead
             payload = {"spec": spec.to_dict(), "fail_at_step": options.fail_at_step,
                        "result_path": str(Path(tmp) / "result.npz") if options.local_mode else None}
-            output = io.StringIO()  # torchrun's chatter: kept for the error message, not printed
+            # torchrun's chatter, and the ranks' output that TorchDistributor streams to the driver's
+            # stderr (tracebacks of torchrun's exit barrier among it): kept for the error message
+            output = io.StringIO()
             saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
             os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # gloo on loopback only
             t_call = time.time()
             try:
-                with contextlib.redirect_stdout(output):
+                with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
                     returned = distributor.run(ddp_fn.train, payload)
             except Exception as exc:
-                raise SparkJobFailed(f"spark-torch: TorchDistributor training failed: "
-                                   f"{error_line(exc, output.getvalue())}") from exc
+                failed = SparkJobFailed(f"spark-torch: TorchDistributor training failed: "
+                                        f"{error_line(exc, output.getvalue())}")
+                # the run's failure log prints notes with the traceback; the one line stays one line
+                failed.add_note(f"the ranks' output, last lines:\n{output.getvalue()[-8000:]}")
+                raise failed from exc
             finally:
                 for key, value in saved.items():
                     if value is None:
@@ -79,7 +80,6 @@ class SparkTorchSystem(SparkSystem):
                     else:
                         os.environ[key] = value
             t_done = time.time()
-            recorder.stop_clock()
             source = payload["result_path"] if options.local_mode else returned
             if not (isinstance(source, bytes) or (source and Path(source).is_file())):
                 raise SparkJobFailed("spark-torch: TorchDistributor finished but rank 0 gave no result; "
@@ -87,11 +87,14 @@ class SparkTorchSystem(SparkSystem):
             result = ddp_fn.read_result(source)
 
         rows = sorted(result["rows"], key=lambda r: (r["step"], r["worker"]))
+        # the ranks' clock: from the barrier after their set-up (torchrun, imports, data, gloo)
+        to_clock = adopt_task_clock(recorder, result["t_ready"], max((r["t_epoch"] for r in rows), default=t_done))
+        record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data), t_wall=0.0)  # the initial model
         split_sync_wait(rows)  # DDP's allreduce waits for the slowest rank
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
                           t_wall=to_clock(r["t_epoch"]), compute_s=r["compute_s"], emulated_s=r["emulated_s"],
-                          comm_s=r["comm_s"], wait_s=r["wait_s"])
+                          comm_s=r["comm_s"], wait_s=r["wait_s"], update_s=r["update_s"])
             recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
                            step_s=r["step_s"])
         for step, t_epoch, weights in result["snapshots"]:
