@@ -63,6 +63,9 @@ class Comm(Protocol):
 
     def barrier(self) -> None: ...
 
+    def allreduce_once(self, tensor: torch.Tensor) -> None:
+        """Average `tensor` over the ranks the way the system averages gradients (collective)."""
+
     def sum_floats(self, values: list[float]) -> list[float]:
         """Elementwise sum over ranks of a few floats (float64), the result on every rank."""
 
@@ -87,6 +90,23 @@ class Clock:
         return time.time() - self.t_start - self.paused_s
 
 
+ALONE_REPEATS = 30  # allreduces of the gradient's size timed alone after training (their median)
+
+
+def time_allreduce_alone(comm: Comm, n_elements: int, repeats: int = ALONE_REPEATS) -> float:
+    """Median seconds of one allreduce of a float32 tensor of the gradients' size, with no compute
+    around it, in the ranks that just trained: what the step's comm_s is compared with."""
+    tensor = torch.zeros(n_elements, dtype=torch.float32)
+    comm.allreduce_once(tensor)  # warm-up: a first collective pays set-up
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        began = time.perf_counter()
+        comm.allreduce_once(tensor)
+        times.append(time.perf_counter() - began)
+    return float(np.median(times))
+
+
 @dataclass
 class SyncResult:
     steps: int                    # steps done on every rank
@@ -97,6 +117,7 @@ class SyncResult:
     step_rows: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     clock: Clock = field(default_factory=Clock)
+    allreduce_alone_s: float | None = None  # time_allreduce_alone after training (None: not measured)
 
 
 def common_steps(prep: Prepared, world: int) -> int:
@@ -229,6 +250,10 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
         if done % every == 0 or done == n_steps:
             stopped = eval_point(done)
     clock.stop()
+    # Off the clock, every rank: the same tensors' allreduce with nothing around it. Not in a
+    # switch's sync phase (a stop criterion), whose hand-over it would lengthen.
+    if world > 1 and should_stop is None and step_stop is None:
+        result.allreduce_alone_s = time_allreduce_alone(comm, sum(p.numel() for p in model.parameters()))
     result.steps = done
     result.stopped_early = stopped and done < n_steps
     result.weights = flat_params(model)
@@ -271,7 +296,8 @@ def write_outputs(job_dir: Path, rank: int, result: SyncResult) -> None:
         writer.writerows(result.step_rows)
     os.replace(tmp, job_dir / f"rank{rank}.steps.csv")
     meta = {"rank": rank, "t_start": result.clock.t_start, "t_end": result.clock.t_end,
-            "paused_s": result.clock.paused_s, "steps": result.steps, "evals": result.evals}
+            "paused_s": result.clock.paused_s, "steps": result.steps, "evals": result.evals,
+            "allreduce_alone_s": result.allreduce_alone_s}
     tmp = job_dir / f".rank{rank}.meta.json.tmp"
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, job_dir / f"rank{rank}.meta.json")

@@ -133,6 +133,8 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
         recorder.adopt_clock(meta["t_start"], meta["t_end"], meta["paused_s"])
         recorder.extra["eval_s"] = meta["paused_s"]  # evaluation time, kept off the training clock
         recorder.extra["steps_per_worker"] = meta["steps"]
+        # the gradients' allreduce timed alone in the same ranks after training (the comm_s reference)
+        recorder.extra["allreduce_alone_s"] = meta.get("allreduce_alone_s")
         for row in meta["evals"]:
             recorder.eval(row["step"], row["split"], row["loss"], row["accuracy"], t_wall=row["t_wall"])
     rows = []

@@ -181,9 +181,14 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
     rows = []
     for key, group in runs.groupby(GROUP, sort=True):
         row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}
-        for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting")):
-            row[f"{name} (ms)"] = _median(group[col]) * 1000
+        for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update"),
+                             strict=True):
+            _with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
         _with_ci(row, "step (ms)", group["step_s"], "median", scale=1000)
+        if "allreduce_alone_s" in group and group["allreduce_alone_s"].notna().any():
+            # the same tensors' allreduce timed alone in the same ranks: what communication costs
+            # with nothing to overlap; comm above it is contention, below it overlap
+            _with_ci(row, "allreduce alone (ms)", group["allreduce_alone_s"], "median", scale=1000)
         row["slowest ÷ median worker"] = _median(group["slowest_ratio"])
         row["bytes/step"] = _median(group["bytes_per_step"])
         first = group.iloc[0]
@@ -610,7 +615,10 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
     table("Per-step time breakdown", breakdown,
           "Median milliseconds per step of each part (after warm-up; median over steps, then over runs): compute "
           "(real), emulated (device or straggler sleep), communication, waiting on other workers (barrier, SSP "
-          "block, allGather, the slowest rank of a collective); '–' where a system cannot tell. "
+          "block, allGather, the slowest rank of a collective), update (the optimizer step; a PS worker: loading "
+          "the answered parameters), each with its 95% interval over runs; '–' where a system cannot tell. One "
+          "pacing contract holds for every system (ARCHITECTURE.md, 'Pacing'): communication started inside "
+          "backward overlaps only the emulated backward after its gradients are ready. "
           + (f"No breakdown recorded for: {', '.join(untold)}." if untold else ""))
     table("Per-mini-batch cost vs batch size", batch,
           "Median time between a worker's consecutive mini-batches (launch and start-up excluded) at the smallest "

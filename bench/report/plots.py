@@ -521,7 +521,8 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
 
 
 BREAKDOWN_PARTS = {"compute_s": ("compute (real)", "#4c72b0"), "emulated_s": ("emulated device / straggler", "#a6cee3"),
-                   "comm_s": ("communication", "#dd8452"), "wait_s": ("waiting on others", "#c44e52")}
+                   "comm_s": ("communication", "#dd8452"), "wait_s": ("waiting on others", "#c44e52"),
+                   "update_s": ("update (optimizer step)", "#55a868")}
 
 
 def breakdown_groups(res: SuiteResults) -> pd.DataFrame:
@@ -529,6 +530,7 @@ def breakdown_groups(res: SuiteResults) -> pd.DataFrame:
     per_run = run_breakdowns(res)
     per_run = per_run[per_run[STEP_TIME_COLUMNS].notna().any(axis=1)]
     keys = ["run_id", "workload", "label", "system", "workers", "batch_size", "sharding", "conditions"]
+    keys += [k for k in ("allreduce_alone_s",) if k in res.runs]
     return res.runs[keys].merge(per_run, on="run_id")
 
 

@@ -38,6 +38,10 @@ class DDPComm:
     def barrier(self) -> None:
         dist.barrier()
 
+    def allreduce_once(self, tensor: torch.Tensor) -> None:
+        dist.all_reduce(tensor)  # DDP's bucket allreduce: a sum, then its division by the world size
+        tensor /= self.size
+
     def sum_floats(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)

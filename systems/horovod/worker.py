@@ -56,6 +56,9 @@ class HorovodComm:
     def barrier(self) -> None:
         self.hvd.allreduce(torch.zeros(1), name=self._name("barrier"), op=self.hvd.Sum)
 
+    def allreduce_once(self, tensor: torch.Tensor) -> None:
+        self.hvd.allreduce_(tensor, name=self._name("alone"), op=self.hvd.Average)
+
     def sum_floats(self, values: list[float]) -> list[float]:
         t = self.hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=self._name("sum"), op=self.hvd.Sum)
         return t.tolist()

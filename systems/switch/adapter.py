@@ -82,6 +82,7 @@ class Phase1:
     momentum: np.ndarray | None
     buffers: np.ndarray | None
     t_end: float                # the run's clock when phase 1 ended
+    epoch_end: float            # the same moment in epoch seconds: the hand-over is timed from it
 
 
 def _fixed_switch_step(criterion: FixedPoint, prep: Prepared, budget: int) -> int:
@@ -106,7 +107,9 @@ def _phase1_ddp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder:
         shutil.rmtree(state, ignore_errors=True)
     steps = int(recorder.extra["steps_per_worker"])
     t_end = recorder.t_end - recorder.t0 - recorder.extra["eval_s"]
-    return Phase1(steps, steps < budget, weights, momentum, buffers, t_end)
+    # rank 0's last step: the ranks' exit and the driver's collecting of their files come after it,
+    # and belong to the hand-over
+    return Phase1(steps, steps < budget, weights, momentum, buffers, t_end, recorder.t_end)
 
 
 def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder: Recorder, budget: int) -> Phase1:
@@ -115,7 +118,7 @@ def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, record
     prep1 = dataclasses.replace(prep, spec=dataclasses.replace(spec, max_steps=steps))
     result = run_ps_phase(prep1, options.ps_options("bsp", mitigation="none"), recorder)
     return Phase1(min(result.steps.values()), steps < budget, result.params, result.momentum, result.buffers,
-                  recorder.now())
+                  recorder.now(), time.time())
 
 
 class SwitchSystem:
@@ -150,7 +153,6 @@ class SwitchSystem:
             info["note"] = "criterion never fired: phase 1 (sync) ran the whole step budget, no async phase"
             recorder.stop_clock()
             return
-        wall_end = time.time()
         handover: dict[str, Any] = {}
 
         def before_go(admin) -> None:
@@ -163,7 +165,7 @@ class SwitchSystem:
                 HANDOVER_HOOK({"phase1_weights": phase1.weights, "phase1_momentum": phase1.momentum,
                                "server_params": params, "server_momentum": momentum})
             # Phase 2's start-up (processes, data loading, the state hand-over) stays on the clock.
-            handover["s"] = time.time() - wall_end
+            handover["s"] = time.time() - phase1.epoch_end
             recorder.event("handover", step=phase1.steps, seconds=handover["s"], exact=handover["exact"])
 
         result = run_ps_phase(prep, options.ps_options(options.async_consistency), recorder,
