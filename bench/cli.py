@@ -61,6 +61,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="random | stratified | distribution-aware:K (default random)")
     g.add_argument("--max-steps", type=int, help="stop each worker after this many steps")
     g.add_argument("--evals-per-epoch", type=int, default=defaults.evals_per_epoch, help="evaluations per epoch (default 2)")
+    g.add_argument("--eval-every-s", type=float, metavar="T",
+                   help="a timer evaluator: snapshot the model every T s of the training clock and evaluate it off "
+                        "the clock, the same schedule for every system (single, ps, ddp, horovod, switch)")
     g.add_argument("--data-dir", help="folder with MNIST IDX / CIFAR-10 binary files, for workloads that read files")
     c = p.add_argument_group("cluster conditions (psbench/core/emulation.py)")
     c.add_argument("--emulate-device", metavar="SPEC",
@@ -71,8 +74,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="seeded stragglers: slow:W=F (worker W F times slower), transient:p=P,ms=MS (a step stalls "
                         "MS ms with probability P), spread:lo=A,hi=B (per-worker factor ~ U(A,B)); join with +")
     c.add_argument("--budget", metavar="KIND=N",
-                   help="a global budget for asynchronous training: updates=N or samples=N over all workers "
-                        "(ps; instead of --max-steps per worker)")
+                   help="a global budget instead of --max-steps per worker: updates=N or samples=N over all "
+                        "workers (ps), or seconds=T of the training clock (single, ps, ddp, horovod, switch: "
+                        "both phases)")
     c.add_argument("--allow-oversubscribe", action="store_true",
                    help="run even when workers + servers need more cores than this machine has (recorded)")
     o = p.add_argument_group("where results go")
@@ -157,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
                          max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
                          options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
-                         stragglers=args.stragglers, budget=args.budget)]
+                         stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)]
         suite = args.suite or "runs"
     allow = args.allow_oversubscribe or (args.config is not None and experiment.allow_oversubscribe)
     results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,

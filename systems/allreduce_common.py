@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import sys
 import time
@@ -42,9 +43,10 @@ STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes", "comput
 # Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
 # sync phase on every rank (the decision is shared by one small reduction).
 StopFn = Callable[[int, dict[str, tuple[float, float]]], bool]
-# Called on rank 0 after every step with (steps done, its training loss); True stops the sync phase
-# on every rank after that step (one reduction of one float per step shares the decision).
-StepStopFn = Callable[[int, float], bool]
+# Called on rank 0 after every step with (steps done, its training loss, seconds on the training
+# clock); True stops the sync phase on every rank after that step (one small reduction a step
+# shares the decision).
+StepStopFn = Callable[[int, float, float], bool]
 
 
 class Comm(Protocol):
@@ -118,6 +120,8 @@ class SyncResult:
     evals: list[dict[str, Any]] = field(default_factory=list)
     clock: Clock = field(default_factory=Clock)
     allreduce_alone_s: float | None = None  # time_allreduce_alone after training (None: not measured)
+    # the timer evaluator's (steps done, training clock, flat parameters + float buffers), rank 0
+    snapshots: list[tuple[int, float, np.ndarray]] = field(default_factory=list)
 
 
 def common_steps(prep: Prepared, world: int) -> int:
@@ -201,6 +205,7 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     every = prep.eval_every()
     nbytes = ring_allreduce_bytes(sum(p.numel() for p in model.parameters()), world)
     fault = _fault_step(rank)
+    deadline = prep.budget_seconds()  # --budget seconds=T: rank 0's clock decides for every rank
     result = SyncResult(0, np.empty(0, np.float32), np.empty(0, np.float32))
     clock = result.clock
 
@@ -223,6 +228,25 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
         clock.paused_s += eval_s
         return any_stop > 0
 
+    timer = prep.spec.eval_every_s  # the timer evaluator: rank 0 snapshots, the launcher evaluates
+    next_snapshot = 0.0
+
+    def snapshot(step: int, final: bool = False) -> None:
+        """Rank 0, at a step's end: keep the model if the clock has passed the next multiple of the
+        timer (or at the run's end); no barrier, no pause: it is evaluated after the run."""
+        nonlocal next_snapshot
+        now = clock.t_end - clock.t_start - clock.paused_s if final else clock.now()  # final: when the clock stopped
+        if rank == 0 and (final or now >= next_snapshot):
+            result.snapshots.append((step, now, np.concatenate([flat_params(model), flat_buffers(model)])))
+            next_snapshot = (math.floor(now / timer) + 1) * timer
+
+    if timer is not None:
+        # every point evaluation pauses for is a snapshot instead (criteria that read evaluations,
+        # should_stop, are not for timer runs)
+        def eval_point(step: int) -> bool:  # noqa: F811
+            snapshot(step)
+            return False
+
     comm.barrier()
     clock.start()
     # one clock for all ranks: rank 0's start (each rank leaves the barrier a little apart, so their
@@ -237,19 +261,32 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
             raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
         loss = compute_step(train_model, loss_fn, x, y, step_clock, step)
         comm.apply(optimizer, step_clock)
-        t = step_clock.split()
         done = step + 1
+        fired = out_of_time = False
+        if (step_stop is not None or deadline is not None) and done < n_steps:
+            # one small reduction a step shares rank 0's decisions, so every rank stops after this
+            # step; it is this step's communication (comm_s), a cost of deciding online
+            fired, out_of_time = (v > 0 for v in comm.sum_floats(
+                [float(rank == 0 and step_stop is not None and step_stop(done, loss, clock.now())),
+                 float(rank == 0 and deadline is not None and clock.now() >= deadline)]))
+        t = step_clock.split()
         result.step_rows.append({"worker": rank, "step": step, "t_wall": clock.now(), "n_samples": len(y),
                                  "loss": loss, "bytes": nbytes, "compute_s": t.compute_s, "emulated_s": t.emulated_s,
                                  "comm_s": t.comm_s, "update_s": t.update_s})
-        if step_stop is not None and done < n_steps:
-            fire = rank == 0 and step_stop(done, loss)
-            if comm.sum_floats([1.0 if fire else 0.0])[0] > 0:
-                stopped = True
-                break
-        if done % every == 0 or done == n_steps:
+        if fired:  # the criterion: whoever continues from here evaluates this state
+            stopped = True
+            break
+        if out_of_time:  # --budget seconds=T: the run ends here, evaluated as at any end
+            eval_point(done)
+            break
+        if timer is not None:
+            snapshot(done)
+        elif done % every == 0 or done == n_steps:
             stopped = eval_point(done)
+    comm.barrier()  # the run ends when every rank has ended its last step (and recorded it)
     clock.stop()
+    if timer is not None and not (result.snapshots and result.snapshots[-1][0] == done):
+        snapshot(done, final=True)
     # Off the clock, every rank: the same tensors' allreduce with nothing around it. Not in a
     # switch's sync phase (a stop criterion), whose hand-over it would lengthen.
     if world > 1 and should_stop is None and step_stop is None:
@@ -284,6 +321,19 @@ def paced_ddp(model: nn.Module, clock: StepClock) -> nn.Module:
 
 # ---- the worker process ------------------------------------------------------------------
 
+def write_snapshots(path: Path, snapshots: list[tuple[int, float, np.ndarray]]) -> None:
+    """Rank 0's timer snapshots as one .npz (arrays only, nothing pickled), renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    np.savez(tmp, steps=np.array([s[0] for s in snapshots], np.int64),
+             t_wall=np.array([s[1] for s in snapshots], np.float64), flats=np.stack([s[2] for s in snapshots]))
+    os.replace(tmp, path)
+
+
+def read_snapshots(path: Path) -> list[tuple[int, float, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as f:
+        return list(zip(f["steps"].tolist(), f["t_wall"].tolist(), list(f["flats"])))
+
+
 def read_job(job_dir: Path) -> RunSpec:
     return RunSpec.from_dict(json.loads((Path(job_dir) / "spec.json").read_text()))
 
@@ -303,6 +353,8 @@ def write_outputs(job_dir: Path, rank: int, result: SyncResult) -> None:
     os.replace(tmp, job_dir / f"rank{rank}.meta.json")
     if rank == 0:
         save_state(job_dir, result.weights, result.momentum, result.buffers)
+        if result.snapshots:
+            write_snapshots(job_dir / "snapshots.npz", result.snapshots)
 
 
 def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:

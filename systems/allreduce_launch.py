@@ -17,7 +17,8 @@ from psbench.core.supervisor import LAUNCHER_PID_ENV, POLL_S, Supervisor
 from psbench.core.zygote import Zygote
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
-from psbench.systems.allreduce_common import read_state
+from psbench.systems.allreduce_common import read_job, read_snapshots, read_state
+from psbench.systems.common import evaluate_snapshots, prepare
 
 GRACE_S = 3.0  # after a failure, how long the other processes get to write their own error files
 # What the ranks' zygote imports before it forks them (torch's import is most of a rank's start:
@@ -137,6 +138,10 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
         recorder.extra["allreduce_alone_s"] = meta.get("allreduce_alone_s")
         for row in meta["evals"]:
             recorder.eval(row["step"], row["split"], row["loss"], row["accuracy"], t_wall=row["t_wall"])
+        if (job / "snapshots.npz").is_file():  # the timer evaluator's: rank 0 kept them, evaluated here
+            prep = prepare(read_job(job))
+            evaluate_snapshots(recorder, prep.build_model(), prep.workload.loss_fn(), prep.data,
+                               read_snapshots(job / "snapshots.npz"))
     rows = []
     for rank in ranks:
         with open(job / f"rank{rank}.steps.csv", newline="") as fh:

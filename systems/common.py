@@ -56,7 +56,14 @@ class Prepared:
         if self.spec.budget is None:
             return None
         kind, _, n = self.spec.budget.partition("=")
+        if kind == "seconds":
+            return None
         return int(n) if kind == "updates" else math.ceil(int(n) / samples_per_update)
+
+    def budget_seconds(self) -> float | None:
+        """--budget seconds=T: the training clock's T, where every worker stops; else None."""
+        kind, _, value = (self.spec.budget or "").partition("=")
+        return float(value) if kind == "seconds" else None
 
     def total_steps(self, worker: int = 0) -> int:
         if self.spec.budget is not None:  # the global budget ends the run, not a per-worker count
@@ -232,6 +239,17 @@ def evaluate_splits(model: nn.Module, loss_fn: nn.Module, data: Dataset) -> dict
 def record_evals(recorder, step: int, results: dict[str, tuple[float, float]], t_wall: float | None = None) -> None:
     for split, (loss, acc) in results.items():
         recorder.eval(step, split, loss, acc, t_wall=t_wall)
+
+
+def evaluate_snapshots(recorder, model: nn.Module, loss_fn: nn.Module, data: Dataset,
+                       snapshots: Sequence[tuple[int, float, np.ndarray]]) -> None:
+    """Evaluate (steps done, training clock, flat parameters + float buffers) snapshots taken during a
+    run, after it (off its clock), each stamped with when it was taken."""
+    n_params = sum(p.numel() for p in model.parameters())
+    for step, t_wall, flat in snapshots:
+        set_flat_params(model, flat[:n_params])
+        set_flat_buffers(model, flat[n_params:])
+        record_evals(recorder, step, evaluate_splits(model, loss_fn, data), t_wall=t_wall)
 
 
 # ---- flat views (for systems that move one buffer per step) ------------------------------

@@ -5,8 +5,8 @@ and parameters move: Ray's actor calls and object store, or torch.distributed.rp
 
 Same as `ps`, so the comparison is of the transport alone: the data shards (`prepare`), keys split
 across shards by size (`partition_keys`), the workload's SGD applied on the server with ps's
-settings (`resolve_lr`, `resolve_momentum`: lr as is, momentum 1 - (1 - m) * N under asp; averaged
-gradients under bsp), staleness = the shard's version when a gradient is applied
+settings (`resolve_step`: one reduction of the async step, lr kept and momentum 1 - (1 - m) * N
+under asp by default; averaged gradients under bsp), staleness = the shard's version when a gradient is applied
 minus the version the worker computed it on, evaluation of worker 0's snapshots off the clock.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from psbench.systems.common import (Prepared, StepClock, compute_step, configure
                                     record_evals)
 from psbench.systems.ps.launch import ROW_COLUMNS, WorkerReport  # a worker's rows (t_wall: epoch seconds here) and snapshots
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.policies import resolve_lr, resolve_momentum
+from psbench.systems.ps.policies import resolve_step
 from psbench.core.errors import ConfigError
 
 # Ray hands numpy arrays out of its object store read-only; the optimizer only reads gradients.
@@ -43,8 +43,8 @@ class PeerOptions:
     consistency: str = option("asp", "asp (apply each gradient on arrival) | bsp (average one gradient per worker, "
                                      "then answer all)")
     servers: int = option(1, "number of server shards (keys split by size across them, as for ps)")
-    lr_scaling: str = option("auto", "as for ps: auto (1: the workload's lr) | none | 1/n | a factor")
-    momentum_scaling: str = option("auto", "as for ps: auto (asp: 1 - (1 - m) * N, at least 0; bsp: m) | none")
+    lr_scaling: str = option("auto", "as for ps: the async step's one reduction; auto | 1/n | none | a factor")
+    momentum_scaling: str = option("auto", "as for ps: auto (completes the one reduction) | scaled | none | a momentum")
     timeout_s: float = option(1800.0, "stop every process and fail after this many seconds")
 
     def __post_init__(self) -> None:
@@ -52,8 +52,7 @@ class PeerOptions:
             raise ConfigError(f"consistency '{self.consistency}' is not supported by the peer systems; allowed: asp | bsp")
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1, got {self.servers}")
-        resolve_lr(self.lr_scaling, self.consistency, 1)
-        resolve_momentum(self.momentum_scaling, self.consistency, 1, 0.9)
+        resolve_step(self.lr_scaling, self.momentum_scaling, self.consistency, 1, 0.9)  # the words, early
         if not self.timeout_s > 0:
             raise ConfigError(f"option timeout_s must be > 0, got {self.timeout_s}")
 
@@ -75,8 +74,9 @@ def layout(prep: Prepared, servers: int) -> list[list[int]]:
 def shard_plans(prep: Prepared, options: PeerOptions) -> list[ShardPlan]:
     tensors = [p.detach().numpy().copy() for p in prep.build_model().parameters()]
     opt = prep.workload.optimizer
-    lr = prep.lr * resolve_lr(options.lr_scaling, options.consistency, prep.spec.workers)
-    momentum = resolve_momentum(options.momentum_scaling, options.consistency, prep.spec.workers, opt.momentum)
+    step = resolve_step(options.lr_scaling, options.momentum_scaling, options.consistency, prep.spec.workers,
+                        opt.momentum)
+    lr, momentum = prep.lr * step.lr_factor, step.momentum
     return [ShardPlan([tensors[k] for k in keys], lr, momentum, opt.weight_decay)
             for keys in layout(prep, options.servers)]
 

@@ -14,7 +14,7 @@ from psbench.systems.ps import protocol
 from psbench.systems.ps.adapter import PSOptions
 from psbench.systems.ps.partition import partition_keys
 from psbench.systems.ps.policies import (DCASGD, GapAware, StalenessLR, parse_consistency, parse_mitigation,
-                                         resolve_lr, resolve_momentum)
+                                         resolve_step)
 from psbench.systems.ps.server import SGD, Shard
 from psbench.core.errors import ConfigError
 
@@ -212,21 +212,26 @@ def test_mitigations_by_hand():
 def test_parsers_and_options():
     assert parse_consistency("ssp:3") == ("ssp", 3)
     assert isinstance(parse_mitigation("dc-asgd:0.04"), DCASGD)
-    assert resolve_lr("auto", "asp", 4) == 1.0 and resolve_lr("auto", "bsp", 4) == 1.0
-    assert resolve_lr("1/n", "asp", 4) == 0.25
-    # asynchrony brings momentum of its own: 1 - (1 - 0.9) * N under asp/ssp (0 from N = 10 on)
-    assert resolve_momentum("auto", "asp", 1, 0.9) == 0.9 and resolve_momentum("auto", "bsp", 4, 0.9) == 0.9
-    assert resolve_momentum("auto", "ssp:2", 2, 0.9) == pytest.approx(0.8)
-    assert resolve_momentum("auto", "asp", 4, 0.9) == pytest.approx(0.6)
-    assert resolve_momentum("auto", "asp", 12, 0.9) == 0.0 and resolve_momentum("none", "asp", 4, 0.9) == 0.9
+    step = resolve_step("auto", "auto", "asp", 4, 0.9)  # one reduction: lr kept, momentum 1 - 0.1 x 4
+    assert (step.lr_factor, step.momentum) == (1.0, pytest.approx(0.6)) and step.rule.startswith("momentum")
+    assert resolve_step("auto", "auto", "bsp", 4, 0.9).describe()["step_per_sample_vs_sync"] == 1.0
+    assert resolve_step("1/n", "auto", "asp", 4, 0.9).momentum == 0.9      # lr / N: momentum kept, never both
+    assert resolve_step("auto", "auto", "asp", 16, 0.9).lr_factor == 1 / 16  # 1 - 0.1 x 16 < 0: lr / N instead
+    assert resolve_step("auto", "auto", "ssp:2", 1, 0.9).momentum == 0.9
+    both = resolve_step("1/n", "scaled", "asp", 8, 0.9)                    # asked for both: taken, and said
+    assert both.step_ratio == pytest.approx(1 / 8) and "0.125x" in both.rule
     with pytest.raises(ConfigError, match="momentum_scaling 'half' unknown"):
-        resolve_momentum("half", "asp", 2, 0.9)
-    assert resolve_lr("0.5", "asp", 4) == 0.5
+        resolve_step("auto", "half", "asp", 2, 0.9)
+    with pytest.raises(ConfigError, match="momentum alone cannot match"):
+        resolve_step("auto", "scaled", "asp", 16, 0.9)
+    with pytest.raises(ConfigError, match="not in \\[0, 1\\)"):
+        resolve_step("2", "auto", "asp", 8, 0.9)
+    assert resolve_step("0.5", "none", "asp", 4, 0.9).lr_factor == 0.5
     opts = parse_options(PSOptions, {"consistency": "ssp:2", "servers": "2", "mitigation": "gap-aware"}, "ps")
     assert opts.servers == 2
     for bad in [{"consistency": "ssp:x"}, {"consistency": "async"}, {"servers": "0"}, {"servers": "two"},
                 {"mitigation": "dc-asgd:abc"}, {"mitigation": "magic"}, {"lr_scaling": "-1"},
-                {"momentum_scaling": "0.5"}, {"nonfinite": "ignore"},
+                {"momentum_scaling": "1.5"}, {"nonfinite": "ignore"},
                 {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token": ""}, {"nope": 1}]:
         with pytest.raises(ConfigError):
             parse_options(PSOptions, bad, "ps")
@@ -410,3 +415,44 @@ def test_a_push_off_a_socket_is_answered_with_its_own_frame():
     finally:
         router.close(0)
         dealer.close(0)
+
+
+@pytest.mark.parametrize("lr_scaling, momentum_scaling", [("auto", "auto"), ("1/n", "auto"), ("auto", "scaled"),
+                                                          ("0.5", "auto"), ("auto", "0.5")])
+@pytest.mark.parametrize("workers", [2, 4, 8, 16])
+def test_the_async_step_per_sample_matches_the_synchronous_one(lr_scaling, momentum_scaling, workers):
+    """Each rule, from the settings the servers apply: SGD with momentum m and lr takes lr / (1 - m)
+    per update. The synchronous phase's update is N batches of b samples at the workload's lr and
+    m; an async update is one batch. Their steps per sample agree within 1%."""
+    lr, m, b = 0.05, 0.9, 16
+    try:
+        step = resolve_step(lr_scaling, momentum_scaling, "asp", workers, m)
+    except ConfigError:
+        assert momentum_scaling == "scaled" and workers > 1 / (1 - m)  # momentum alone cannot reach that far
+        return
+    sync = lr / ((1 - m) * workers * b)
+    asynchronous = lr * step.lr_factor / ((1 - step.momentum) * b)
+    assert asynchronous == pytest.approx(sync, rel=0.01), step
+    assert step.step_ratio == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_warmup_ramps_the_step_from_the_first_update():
+    """lr:from=0.25,updates=3: the first three updates take 0.25, 0.5 and 0.75 of the lr, then all
+    of it; momentum:from=0,updates=2 starts without momentum and reaches the matched one."""
+    from psbench.systems.ps.policies import parse_warmup
+
+    shard = Shard(0, 1, lr=1.0, warmup=parse_warmup("lr:from=0.25,updates=3"))
+    send(shard, b"admin", "init", -1, arrays=[np.zeros(3, np.float32)])
+    replies(shard)
+    seen = []
+    for _ in range(5):
+        send(shard, b"a", "push", 0, arrays=[np.ones(3, np.float32)], want_params=True)
+        seen.append(float(replies(shard)[0][1].arrays[0][0]))
+    assert seen == pytest.approx([-0.25, -0.75, -1.5, -2.5, -3.5])
+    ramp = parse_warmup("momentum:from=0,updates=2")
+    assert [ramp.at(k, 0.1, 0.9) for k in range(3)] == [(0.1, 0.0), (0.1, pytest.approx(0.45)), (0.1, 0.9)]
+    assert parse_warmup("none").at(0, 0.1, 0.9) == (0.1, 0.9)
+    for bad in ["lr", "lr:from=2,updates=10", "momentum:from=1,updates=5", "lr:from=0.1", "lr:from=0.1,updates=0",
+                "step:from=0.1,updates=5", "lr:from=0.1,updates=2.5"]:
+        with pytest.raises(ConfigError, match="warmup"):
+            parse_warmup(bad)

@@ -15,7 +15,7 @@ from typing import Any
 from psbench.core.atomic import atomic_write_text
 from psbench.core.emulation import parse_device, parse_stragglers, real_share, stall_schedule
 from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
-from psbench.core.spec import RunSpec
+from psbench.core.spec import RunSpec, budget_kind
 from psbench.bench.harness.results import FAILED_DIR
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
@@ -54,10 +54,17 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False) -> PlannedRun:
     if stragglers is not None and any(w >= spec.workers for w in stragglers.slow):
         raise ConfigError(f"--stragglers '{spec.stragglers}' slows worker(s) "
                           f"{sorted(w for w in stragglers.slow if w >= spec.workers)}; workers are 0..{spec.workers - 1}")
-    if spec.budget is not None and not getattr(system_cls, "global_budget", False):
-        raise ConfigError(f"--budget (a global budget for asynchronous training) applies to systems with a global "
-                          f"step: {', '.join(n for n in names() if getattr(get_system(n), 'global_budget', False))}; "
-                          f"'{spec.system}' takes --max-steps or --epochs per worker")
+    if spec.budget is not None:
+        kind = budget_kind(spec.budget)
+        if kind not in getattr(system_cls, "budgets", ()):
+            takers = [n for n in names() if kind in getattr(get_system(n), "budgets", ())]
+            raise ConfigError(f"--budget {kind}=... applies to {', '.join(takers)}; '{spec.system}' takes "
+                              f"{', '.join(f'{k}=' for k in getattr(system_cls, 'budgets', ())) or 'no --budget'}"
+                              f" (else --max-steps or --epochs per worker)")
+    if spec.eval_every_s is not None and not getattr(system_cls, "timer_evaluator", False):
+        takers = [n for n in names() if getattr(get_system(n), "timer_evaluator", False)]
+        raise ConfigError(f"--eval-every-s (the timer evaluator) applies to {', '.join(takers)}; '{spec.system}' "
+                          f"evaluates at --evals-per-epoch")
     check = getattr(system_cls, "check_spec", None)
     if check is not None:  # what a system cannot train at all (e.g. no native trainer for a model)
         check(spec, options, workload, device, stragglers)

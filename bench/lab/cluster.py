@@ -256,13 +256,14 @@ def _plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str
     if spec.system == "ps":
         from psbench.systems.base import parse_options
         from psbench.systems.ps.adapter import PSOptions
-        from psbench.systems.ps.policies import resolve_lr, resolve_momentum
+        from psbench.systems.ps.policies import resolve_step
         from psbench.workloads import get_workload
 
         opts = parse_options(PSOptions, spec.options, "ps")
         w = get_workload(spec.workload)
-        lr = (spec.lr or w.optimizer.lr) * resolve_lr(opts.lr_scaling, opts.consistency, spec.workers)
-        momentum = resolve_momentum(opts.momentum_scaling, opts.consistency, spec.workers, w.optimizer.momentum)
+        step = resolve_step(opts.lr_scaling, opts.momentum_scaling, opts.consistency, spec.workers,
+                            w.optimizer.momentum)
+        lr, momentum = (spec.lr or w.optimizer.lr) * step.lr_factor, step.momentum
         token_env = {"PSBENCH_PS_TOKEN": token} if token else {}
         servers = [f"{addrs[h]}:{cf.port + j}" for j, h in enumerate(cf.role_hosts("ps-server"))]
         roles = [PlannedRole(f"ps-server{j}", h, py + [

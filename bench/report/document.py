@@ -42,6 +42,10 @@ PLOT_CAPTIONS = {
     "staleness_hist": "How many server versions behind each applied update was (0 = fresh).",
     "strategy_switch": "Validation accuracy against time; the star marks where Strategy-Switch moved from "
                        "synchronous all-reduce to asynchronous PS training.",
+    "handover_loss": "Training loss around each Strategy-Switch hand-over (steps since the switch; thin lines "
+                     "are seeds, bold the median): a jump after step 0 is the spike the warm-up "
+                     "(lr or momentum ramp) is for; spikes beyond 2x the pre-switch loss are recorded as "
+                     "loss_spike events.",
     "sharding_variance": "Final training/validation loss and accuracy over seeds, per sharding strategy "
                          "(dots are individual seeds).",
     "shard_class_counts": "Examples of each class per worker shard: a tight box means every worker sees the "

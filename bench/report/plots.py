@@ -433,6 +433,41 @@ def strategy_switch(res: SuiteResults, out_dir: Path) -> list[Path]:
                         sorted(switch_runs["workload"].unique()), draw, width=7.0, height=4.6)
 
 
+HANDOVER_WINDOW = (-30, 60)  # steps around the switch the hand-over plot shows
+
+
+def handover_loss(res: SuiteResults, out_dir: Path) -> list[Path]:
+    """The training loss around each hand-over: per switch configuration, the mean over workers of
+    each step's mini-batch loss against steps since the switch (one thin line a seed, the median
+    bold), with the spike threshold (systems/switch/adapter.py) as a dashed line."""
+    switches = res.events[res.events["kind"] == "switch"]
+    if switches.empty:
+        return []
+    at = switches.set_index("run_id")["step"].astype(float)
+    steps = res.steps[res.steps["run_id"].isin(at.index)]
+    steps = steps.assign(rel=steps["step"] - steps["run_id"].map(at))
+    steps = steps[steps["rel"].between(*HANDOVER_WINDOW)]
+    runs = res.runs[res.runs["run_id"].isin(at.index)]
+
+    def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
+        for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "batch_size", "conditions"]):
+            st = style(label, k)
+            curves = steps[steps["run_id"].isin(rows["run_id"])].groupby(["run_id", "rel"])["loss"].mean()
+            for run_id in rows["run_id"]:
+                if run_id in curves.index.get_level_values(0):
+                    one = curves.loc[run_id]
+                    ax.plot(one.index, one.values, color=st["color"], linewidth=0.6, alpha=0.35)
+            median = curves.groupby(level="rel").median()
+            ax.plot(median.index, median.values, label=name, color=st["color"], linewidth=2)
+        ax.axvline(0, color="black", linewidth=1, linestyle=(0, (2, 2)))
+        ax.set(title=workload, xlabel="steps since the switch", ylabel="training loss (mean over workers)")
+        ax.set_yscale("log")
+        legend(ax)
+
+    return facet_figure(res, out_dir, "handover_loss", "Training loss around the hand-over (sync → async)",
+                        sorted(runs["workload"].unique()), draw, width=6.5, height=4.2)
+
+
 def _switch_text(event: pd.Series) -> str:
     try:
         detail = json.loads(event["detail"]) if isinstance(event["detail"], str) else {}
@@ -589,6 +624,7 @@ PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {
     "scaling_efficiency": scaling_efficiency,
     "staleness_hist": staleness_hist,
     "strategy_switch": strategy_switch,
+    "handover_loss": handover_loss,
     "sharding_variance": sharding_variance,
     "shard_class_counts": shard_class_counts,
     "time_breakdown": time_breakdown,

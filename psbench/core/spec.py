@@ -9,7 +9,18 @@ from typing import Any
 from psbench.core.errors import ConfigError
 
 
-OPTIONAL_IN_HASH = ("emulate_device", "stragglers", "budget")
+OPTIONAL_IN_HASH = ("emulate_device", "stragglers", "budget", "eval_every_s")
+
+
+def budget_kind(budget: str) -> str | None:
+    """'updates', 'samples' or 'seconds' for a well-formed budget, else None."""
+    kind, _, value = str(budget).partition("=")
+    if kind in ("updates", "samples"):
+        return kind if value.isdigit() and int(value) >= 1 else None
+    try:
+        return kind if kind == "seconds" and float(value) > 0 else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -29,9 +40,14 @@ class RunSpec:
     # Cluster conditions (psbench.core.emulation): an emulated device and seeded stragglers.
     emulate_device: str | None = None   # step_ms=X / example_ms=Y / a profile name
     stragglers: str | None = None       # slow:W=F / transient:p=P,ms=MS / spread:lo=A,hi=B
-    # A global budget for asynchronous training (TensorFlow's global step): updates=N or samples=N
-    # summed over all workers; the PS stops every worker when its shards have applied that many.
+    # A global budget instead of steps per worker: updates=N or samples=N summed over all workers (the
+    # PS stops every worker when its shards have applied that many: TensorFlow's global step), or
+    # seconds=T of the training clock (every worker stops there: the same budget for every system).
     budget: str | None = None
+    # A timer evaluator instead of evals_per_epoch: the model (the PS servers', allreduce rank 0's) is
+    # snapshotted every T seconds of the training clock and evaluated off it, the same T for every
+    # system; time to target is then read from these evaluations (the mean of the last k).
+    eval_every_s: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -41,11 +57,12 @@ class RunSpec:
             (self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}"),
             (self.evals_per_epoch >= 1, f"evals_per_epoch must be >= 1, got {self.evals_per_epoch}"),
+            (self.eval_every_s is None or self.eval_every_s > 0, f"eval_every_s must be > 0, got {self.eval_every_s}"),
         ]
         if self.budget is not None:
-            kind, _, value = str(self.budget).partition("=")
-            checks.append((kind in ("updates", "samples") and value.isdigit() and int(value) >= 1,
-                           f"budget must be updates=N or samples=N with N >= 1, got '{self.budget}'"))
+            checks.append((budget_kind(self.budget) is not None,
+                           f"budget must be updates=N or samples=N (N >= 1), or seconds=T (T > 0), got "
+                           f"'{self.budget}'"))
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)

@@ -55,6 +55,8 @@ def is_loopback(addr: str) -> bool:
 
 class DDPSystem:
     name = "ddp"
+    budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
+    timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = DDPOptions
 
     @staticmethod

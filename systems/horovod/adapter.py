@@ -57,6 +57,8 @@ def is_local(hosts: str) -> bool:
 
 class HorovodSystem:
     name = "horovod"
+    budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
+    timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = HorovodOptions
 
     @classmethod

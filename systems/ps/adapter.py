@@ -26,11 +26,11 @@ import numpy as np
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
-from psbench.systems.common import (Prepared, configure_threads, evaluate_splits, flat_buffers, flat_params, prepare,
-                                    record_evals, set_flat_buffers, set_flat_params, split_flat)
+from psbench.systems.common import (Prepared, configure_threads, evaluate_snapshots, evaluate_splits, flat_buffers,
+                                    flat_params, prepare, record_evals, set_flat_buffers, set_flat_params, split_flat)
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.policies import parse_consistency, parse_mitigation, resolve_lr, resolve_momentum
+from psbench.systems.ps.policies import parse_consistency, parse_mitigation, parse_warmup, resolve_step
 from psbench.systems.ps.server import NONFINITE_MODES
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
@@ -41,10 +41,15 @@ class PSOptions:
     consistency: str = option("asp", "bsp | asp | ssp:S (a worker at most S steps ahead of the slowest)")
     servers: int = option(1, "number of server shards (keys split by size across them)")
     mitigation: str = option("none", "none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
-    lr_scaling: str = option("auto", "auto (1: every update is one batch of the workload's size, as in single) | "
-                                     "none | 1/n (the thesis' lr / N, which went with batch / N) | a factor")
-    momentum_scaling: str = option("auto", "auto (asp/ssp: 1 - (1 - m) * N, at least 0, for the workload's momentum "
-                                           "m: asynchrony adds momentum of its own; bsp: m) | none (m as is)")
+    lr_scaling: str = option("auto", "the async step takes ONE reduction so its step per sample matches the sync "
+                                     "one: auto (with momentum auto: lr kept, momentum 1 - (1 - m) N where >= 0, "
+                                     "else lr / N) | 1/n (lr / N, momentum kept) | none | a factor (momentum auto "
+                                     "then matches it)")
+    momentum_scaling: str = option("auto", "auto (completes the one reduction the lr leaves; bsp: m) | scaled "
+                                           "(1 - (1 - m) N, lr kept) | none (m) | a momentum; lr and momentum both "
+                                           "set are taken as asked, the step ratio recorded")
+    warmup: str = option("none", "the async step's ramp from the first update (a switch's hand-over): none | "
+                                 "lr:from=F,updates=U (lr from F x its matched value) | momentum:from=M,updates=U")
     pipeline: bool = option(False, "asp only: each worker overlaps its push's round trip with the next "
                                    "step's compute (ps-lite's async push; staleness >= 1)")
     nonfinite: str = option("reject", "a push whose gradient holds NaN or inf: reject (an error reply naming "
@@ -64,8 +69,8 @@ class PSOptions:
     def __post_init__(self) -> None:
         parse_consistency(self.consistency)
         parse_mitigation(self.mitigation)
-        resolve_lr(self.lr_scaling, self.consistency, 1)
-        resolve_momentum(self.momentum_scaling, self.consistency, 1, 0.9)
+        resolve_step(self.lr_scaling, self.momentum_scaling, self.consistency, 1, 0.9)  # the words, early
+        parse_warmup(self.warmup)
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1, got {self.servers}")
         if self.nonfinite not in NONFINITE_MODES:
@@ -139,11 +144,61 @@ class PhaseResult:
     buffers: np.ndarray | None = None  # worker 0's final BatchNorm statistics (for a later phase)
 
 
+def check_timer_model(spec: RunSpec, workload: Any) -> None:
+    """The timer evaluator reads the servers' parameters; they hold no BatchNorm running statistics
+    (each worker keeps its own), so a model with them cannot be evaluated from the servers alone."""
+    if spec.eval_every_s is not None:
+        from psbench.systems.common import float_buffers
+
+        if float_buffers(workload.build_model(workload.load_data(data_dir=spec.data_dir), spec.seed)):
+            raise ConfigError(f"--eval-every-s on the PS: {spec.workload}'s model has BatchNorm statistics the "
+                              f"servers do not hold; use --evals-per-epoch (worker 0's snapshots) for it")
+
+
+class ServerSnapshots:
+    """The timer evaluator of a PS run: a thread of the launcher reads the servers' parameters (an
+    admin client's `state`) every `every_s` seconds of the training clock, on the grid k x every_s
+    the run's other phases use too; they are evaluated after the run, off the clock. The step a
+    snapshot carries: the servers' updates since the phase began, per worker (asp/ssp: / N)."""
+
+    def __init__(self, addresses: list[str], shapes: list[tuple[int, ...]], token: str | None, every_s: float,
+                 recorder: Recorder, t_start: float, start_step: int, updates_per_step: int):
+        import threading
+
+        self.client = KVWorker(addresses, ADMIN, shapes, token)
+        self.every_s, self.recorder, self.start_step, self.per_step = every_s, recorder, start_step, updates_per_step
+        self.next_t = (math.floor(t_start / every_s) + 1) * every_s
+        self.base_version: int | None = None
+        self.snapshots: list[tuple[int, float, np.ndarray]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="psbench-timer-evaluator", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.0, self.next_t - self.recorder.now())):
+            try:
+                tensors, version = self.client.state_at("params")
+            except Exception:  # noqa: BLE001 - a shard gone mid-run: the run's own handling reports it
+                return
+            t_wall = self.recorder.now()
+            if self.base_version is None:
+                self.base_version = version
+            step = self.start_step + (version - self.base_version) // self.per_step
+            self.snapshots.append((step, t_wall, np.concatenate([a.reshape(-1) for a in tensors])))
+            self.next_t = (math.floor(t_wall / self.every_s) + 1) * self.every_s
+
+    def stop(self) -> list[tuple[int, float, np.ndarray]]:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.client.close()
+        return self.snapshots
+
+
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
                  fail_worker_at: tuple[int, int] | None = None, init_buffers: np.ndarray | None = None,
                  before_go: Callable[[KVWorker], None] | None = None,
-                 start_t_wall: float | None = None) -> PhaseResult:
+                 start_t_wall: float | None = None, evaluate_start: bool = True) -> PhaseResult:
     """Train prep.spec's workload on the PS from `init_params` (default: the seeded model) and
     optimizer state `init_momentum`, workers continuing at `start_step` with BatchNorm running
     statistics `init_buffers` (default: the seeded model's). Records step rows and evaluations
@@ -158,21 +213,21 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     partition_keys([math.prod(s) for s in shapes], options.servers)  # ConfigError before any process starts
     flat0 = flat_params(model) if init_params is None else np.asarray(init_params, dtype=np.float32)
     opt = prep.workload.optimizer
-    lr = prep.lr * resolve_lr(options.lr_scaling, options.consistency, n)
-    server_momentum = resolve_momentum(options.momentum_scaling, options.consistency, n, opt.momentum)
+    step_rule = resolve_step(options.lr_scaling, options.momentum_scaling, options.consistency, n, opt.momentum)
+    lr, server_momentum = prep.lr * step_rule.lr_factor, step_rule.momentum
     # A token given as an option is recorded in the manifest with the spec; the env var is not.
     token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
     server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
                    "--momentum", repr(server_momentum), "--weight-decay", repr(opt.weight_decay),
                    "--step-timeout-s", repr(options.step_timeout_s), "--nonfinite", options.nonfinite,
-                   "--checkpoint-every", options.checkpoint_every]
+                   "--checkpoint-every", options.checkpoint_every, "--warmup", options.warmup]
     if parse_consistency(options.consistency)[0] == "ssp":
         server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]
     worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--start-step", str(start_step),
                    "--timeout-s", repr(options.step_timeout_s + 60), "--retry-s", repr(options.retry_s)]
     if options.pipeline:
         worker_args.append("--pipeline")
-    extra = {0: ["--snapshots"]}
+    extra = {0: ["--snapshots"]} if not spec.eval_every_s else {}  # worker 0's, or the timer's (ServerSnapshots)
     buffers_dir = tempfile.TemporaryDirectory(prefix="psbench-ps-buffers-")
     if init_buffers is not None and len(init_buffers):
         path = Path(buffers_dir.name) / "buffers.npy"
@@ -201,8 +256,14 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                 recorder.start_clock()
             t_start = recorder.now()
             go_t0 = time.time() - t_start
+            timer = (ServerSnapshots(addresses, shapes, token, spec.eval_every_s, recorder, t_start, start_step,
+                                     1 if parse_consistency(options.consistency)[0] == "bsp" else n)
+                     if spec.eval_every_s else None)
             cluster.go(go_t0)
-            reports = cluster.collect()
+            try:
+                reports = cluster.collect()
+            finally:
+                snapshots = timer.stop() if timer is not None else []
             t_end = recorder.now()
             with recorder.paused():
                 final = np.concatenate([a.reshape(-1) for a in admin.state("params")])
@@ -231,18 +292,20 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
         buffers0 = flat_buffers(model)
         # The starting weights are evaluated as of when they existed (a switch: its sync phase's end).
         evals = [(start_step, t_start if start_t_wall is None else start_t_wall, np.concatenate([flat0, buffers0]))]
+        if not evaluate_start:  # the phase before has evaluated these very weights (a switch's timer)
+            evals = []
         rep0 = reports.get(0)
-        if rep0 is not None:
+        if timer is not None:  # the servers' parameters on the timer's schedule (no BatchNorm: check_spec)
+            evals += [(step, t_wall, np.concatenate([flat, buffers0])) for step, t_wall, flat in snapshots]
+        elif rep0 is not None:
             evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))
         final_buffers = rep0.final_buffers if rep0 is not None and not rep0.lost else buffers0
         evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
-        for step, t_wall, flat in evals:
-            set_flat_params(model, flat[:len(flat0)])
-            set_flat_buffers(model, flat[len(flat0):])
-            record_evals(recorder, step, evaluate_splits(model, loss_fn, prep.data), t_wall=t_wall)
+        evaluate_snapshots(recorder, model, loss_fn, prep.data, evals)
     ps_extra = recorder.extra.setdefault("ps", {"phases": []})
     ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
                                "mitigation": options.mitigation, "lr_applied": lr, "momentum_applied": server_momentum,
+                               "async_step": step_rule.describe(), "warmup": parse_warmup(options.warmup).describe(),
                                "start_step": start_step,
                                "shards": stats,
                                "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
@@ -269,11 +332,17 @@ class PSSystem:
     name = "ps"
     Options = PSOptions
 
-    global_budget = True  # --budget updates=N / samples=N: the shards' global step stops every worker
+    # --budget updates=N / samples=N: the shards' global step stops every worker; seconds=T: the clock
+    budgets = ("updates", "samples", "seconds")
+    timer_evaluator = True  # --eval-every-s: the launcher reads the servers' parameters (ServerSnapshots)
 
     @staticmethod
     def extra_cpu(options: PSOptions, steps_per_s: float, n_params: int) -> float:
         return shard_cpu(options.servers, steps_per_s, n_params)
+
+    @staticmethod
+    def check_spec(spec: RunSpec, options: PSOptions, workload: Any, device: Any, stragglers: Any) -> None:
+        check_timer_model(spec, workload)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

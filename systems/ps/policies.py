@@ -6,6 +6,7 @@ parameters the pushing worker last pulled from this shard.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -357,17 +358,82 @@ def make_policy(consistency: str, n_workers: int, start_step: int = 0) -> Policy
     return Policy(n_workers, start_step)
 
 
-def resolve_lr(lr_scaling: str, consistency: str, n_workers: int) -> float:
-    """The factor the workload's lr is multiplied by on the servers. 'auto': 1 under every
-    consistency. A worker's batch is the workload's whatever N is, so each asp/ssp update is one
-    worker's gradient of one such batch, as in `single`, and bsp applies the mean of N of them once.
-    (The thesis' lr / N went with a batch / N per worker; with the batch kept, lr / N only halves
-    the progress of 2 async workers: measured, mlp-digits ended 0.94 where `single` ends 0.95, still
-    climbing. '1/n' is that setting.)"""
-    text = str(lr_scaling).strip().lower()
-    parse_consistency(consistency)
+@dataclass(frozen=True)
+class Warmup:
+    """A ramp of the async step from its start (a Strategy-Switch's hand-over): over the first
+    `updates` updates a shard applies, the lr goes linearly from `start` x its matched value to it
+    ('lr'), or the momentum from `start` to its matched value ('momentum'). Right after synchronous
+    training the loss is sharp, and the full matched step can spike it (Sync-Switch's notes: lr
+    scaled with the batch at the restore, momentum after it zero, scaled or ramped)."""
+    kind: str = "none"  # none | lr | momentum
+    start: float = 1.0
+    updates: int = 0
+
+    def at(self, done: int, lr: float, momentum: float) -> tuple[float, float]:
+        """(lr, momentum) for the update after `done` updates of the phase."""
+        if self.kind == "none" or done >= self.updates:
+            return lr, momentum
+        progress = done / self.updates
+        if self.kind == "lr":
+            return lr * (self.start + (1.0 - self.start) * progress), momentum
+        return lr, self.start + (momentum - self.start) * progress
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "start": self.start, "updates": self.updates}
+
+
+WARMUPS = "none | lr:from=F,updates=U (lr from F x its value) | momentum:from=M,updates=U (momentum from M)"
+
+
+def parse_warmup(text: str | None) -> Warmup:
+    text = (text or "none").strip()
+    if text == "none":
+        return Warmup()
+    kind, _, args = text.partition(":")
+    values: dict[str, float] = {}
+    for item in filter(None, args.split(",")):
+        key, eq, value = item.partition("=")
+        try:
+            values[key.strip()] = float(value) if eq else math.nan
+        except ValueError:
+            values[key.strip()] = math.nan
+    updates, start = values.get("updates", math.nan), values.get("from", math.nan)
+    if kind not in ("lr", "momentum") or set(values) != {"from", "updates"} or not updates >= 1 \
+            or updates != int(updates) or not (0 <= start <= 1 if kind == "lr" else 0 <= start < 1):
+        raise ConfigError(f"warmup '{text}': allowed {WARMUPS} (lr: 0 <= F <= 1; momentum: 0 <= M < 1; U >= 1)")
+    return Warmup(kind, start, int(updates))
+
+
+@dataclass(frozen=True)
+class AsyncStep:
+    """The lr factor and momentum the servers apply, the rule that chose them, and the step per
+    sample they give over the synchronous one's (1.0: matched).
+
+    The step per sample of SGD with momentum m and lr over a b-sample update is lr / ((1 - m) b).
+    Synchronous training over N workers (DDP, PS BSP) takes lr and m over N b samples; an
+    asynchronous update (ASP, SSP) is one worker's b samples. So asynchrony matches the synchronous
+    step per sample through ONE reduction: lr / N with m kept (linear scaling, Goyal et al. 2017),
+    or lr kept with explicit momentum 1 - (1 - m) N ("asynchrony begets momentum", Mitliagkas et
+    al. 2016). Both together make the async step N times too small per sample."""
+    lr_factor: float
+    momentum: float
+    rule: str
+    step_ratio: float  # async step per sample / the synchronous one's
+
+    def describe(self) -> dict[str, Any]:
+        return {"rule": self.rule, "lr_factor": self.lr_factor, "momentum": self.momentum,
+                "step_per_sample_vs_sync": self.step_ratio}
+
+
+STEP_RULES = ("auto: one reduction (lr kept and momentum 1 - (1 - m) N where that is >= 0, else lr / N with "
+              "m kept)", "lr_scaling 1/n: lr / N, momentum kept", "momentum_scaling scaled: lr kept, momentum "
+              "1 - (1 - m) N")
+
+
+def _lr_spec(text: str, n_workers: int) -> float | None:
+    """None for auto, else the factor."""
     if text == "auto":
-        return 1.0
+        return None
     if text == "none":
         return 1.0
     if text == "1/n":
@@ -375,22 +441,72 @@ def resolve_lr(lr_scaling: str, consistency: str, n_workers: int) -> float:
     try:
         factor = float(text)
     except ValueError:
-        raise ConfigError(f"lr_scaling '{lr_scaling}' unknown; allowed: auto | none | 1/n | a factor > 0") from None
+        raise ConfigError(f"lr_scaling '{text}' unknown; allowed: auto | none | 1/n | a factor > 0") from None
     if not factor > 0:
-        raise ConfigError(f"lr_scaling must be > 0, got {lr_scaling}")
+        raise ConfigError(f"lr_scaling must be > 0, got {text}")
     return factor
 
 
-def resolve_momentum(momentum_scaling: str, consistency: str, n_workers: int, momentum: float) -> float:
-    """The SGD momentum the servers apply, from the workload's `momentum`. 'auto': under asp/ssp,
-    1 - (1 - momentum) * N, at least 0; under bsp the workload's. Asynchrony brings momentum of its
-    own (Mitliagkas et al., "Asynchrony begets momentum", 2016: about 1 - 1/N with N workers), and the
-    two compound: 1 - (1 - explicit) * (1 - implicit) = momentum with the explicit value above, so
-    the total stays the one the workload was tuned with. 'none': the workload's momentum as is."""
-    text = str(momentum_scaling).strip().lower()
-    kind, _ = parse_consistency(consistency)
+def _momentum_spec(text: str, n_workers: int, momentum: float) -> float | None:
+    """None for auto, else the momentum."""
+    if text == "auto":
+        return None
     if text == "none":
         return momentum
-    if text == "auto":
-        return momentum if kind == "bsp" or not momentum else max(0.0, 1.0 - (1.0 - momentum) * n_workers)
-    raise ConfigError(f"momentum_scaling '{momentum_scaling}' unknown; allowed: auto | none")
+    if text == "scaled":
+        value = 1.0 - (1.0 - momentum) * n_workers
+        if value < 0:
+            raise ConfigError(f"momentum_scaling scaled: 1 - (1 - {momentum:g}) x {n_workers} = {value:.3g} < 0: "
+                              f"momentum alone cannot match the synchronous step at {n_workers} workers; use "
+                              f"lr_scaling 1/n (lr / N, momentum kept)")
+        return value
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"momentum_scaling '{text}' unknown; allowed: auto | none | scaled | a momentum in "
+                          f"[0, 1)") from None
+    if not 0 <= value < 1:
+        raise ConfigError(f"momentum_scaling must be a momentum in [0, 1), got {text}")
+    return value
+
+
+def resolve_step(lr_scaling: str, momentum_scaling: str, consistency: str, n_workers: int,
+                 momentum: float) -> AsyncStep:
+    """The servers' lr factor and momentum for a workload of momentum `momentum` (see AsyncStep).
+
+    lr_scaling: auto | none (1) | 1/n | a factor. momentum_scaling: auto | none (m) | scaled
+    (1 - (1 - m) N) | a momentum. Under bsp an update is N workers' mean, already the synchronous
+    step: auto is 1 and m. Under asp/ssp, auto completes ONE reduction: both auto, lr kept and
+    momentum 1 - (1 - m) N where that is >= 0 (else lr / N, m kept); one given, the other is what
+    matches the synchronous step per sample (lr 1/n: m kept; momentum m': lr x (1 - m') / ((1 - m) N));
+    both given, they are taken as asked and the ratio is recorded. No combination is refused."""
+    kind, _ = parse_consistency(consistency)
+    lr_text, m_text = str(lr_scaling).strip().lower(), str(momentum_scaling).strip().lower()
+    n = n_workers if kind != "bsp" else 1  # samples per update, in worker batches
+    lr_f, m = _lr_spec(lr_text, n_workers), _momentum_spec(m_text, n, momentum)
+    if kind == "bsp" or n == 1:
+        lr_f, m = (1.0 if lr_f is None else lr_f), (momentum if m is None else m)
+        rule = "synchronous step" if kind == "bsp" else "one worker: nothing to reduce"
+    elif lr_f is None and m is None:
+        scaled = 1.0 - (1.0 - momentum) * n
+        if momentum > 0 and scaled >= 0:
+            lr_f, m, rule = 1.0, scaled, "momentum: lr kept, momentum 1 - (1 - m) N"
+        else:
+            lr_f, m, rule = 1.0 / n, momentum, "lr / N, momentum kept (1 - (1 - m) N < 0)"
+    elif m is None:
+        m = 1.0 - lr_f * (1.0 - momentum) * n
+        if not 0 <= m < 1:
+            raise ConfigError(f"lr_scaling {lr_scaling} with {n} workers: the matching momentum 1 - {lr_f:g} x "
+                              f"(1 - {momentum:g}) x {n} = {m:.3g} is not in [0, 1); give momentum_scaling "
+                              f"none (or a momentum) to take that step as asked, or lr_scaling 1/n")
+        rule = "lr / N, momentum kept" if abs(lr_f * n - 1) < 1e-9 else f"lr x {lr_f:g}, momentum matched"
+    elif lr_f is None:
+        lr_f = (1.0 - m) / ((1.0 - momentum) * n)
+        rule = ("momentum: lr kept, momentum 1 - (1 - m) N" if abs(lr_f - 1) < 1e-9
+                else f"momentum {m:g}, lr matched")
+    else:
+        rule = "as given (lr and momentum both set)"
+    ratio = (lr_f * (1.0 - momentum) * n / (1.0 - m)) if momentum < 1 else 1.0
+    if kind != "bsp" and n > 1 and lr_text != "auto" and m_text != "auto" and abs(ratio - 1) > 0.01:
+        rule += f": step per sample {ratio:.3g}x the synchronous one"
+    return AsyncStep(lr_f, m, rule, ratio)

@@ -32,7 +32,8 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import checkpoint, protocol
-from psbench.systems.ps.policies import Mitigation, Policy, Request, make_policy, parse_consistency, parse_mitigation
+from psbench.systems.ps.policies import (Mitigation, Policy, Request, Warmup, make_policy, parse_consistency,
+                                         parse_mitigation, parse_warmup)
 
 log = logging.getLogger("psbench.ps.server")
 ADMIN = -1  # the worker id of the launcher / operator (init, state, stats, shutdown)
@@ -49,13 +50,14 @@ class SGD:
     weight_decay: float = 0.0
 
     def step(self, w: np.ndarray, g: np.ndarray, buf: np.ndarray | None, lr: float,
-             out: np.ndarray | None = None) -> np.ndarray:
+             out: np.ndarray | None = None, momentum: float | None = None) -> np.ndarray:
         """The new weights, in `out` if given (it may be g's own buffer, never w's). `buf` (the
-        momentum) is updated in place."""
+        momentum) is updated in place; `momentum` overrides the optimizer's for this step (a ramp)."""
+        momentum = self.momentum if momentum is None else momentum
         if self.weight_decay:
             g = g + np.float32(self.weight_decay) * w
         if self.momentum and buf is not None:
-            buf *= np.float32(self.momentum)
+            buf *= np.float32(momentum)
             buf += g
             g = buf
         out = np.multiply(g, np.float32(-lr), out=out)
@@ -75,7 +77,7 @@ class Shard:
     def __init__(self, shard_id: int, n_workers: int, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  consistency: str = "asp", mitigation: str = "none", step_timeout_s: float = 60.0,
                  worker_timeout_s: float | None = None, checkpoint_dir: str | None = None,
-                 checkpoint_every: str = "100", nonfinite: str = "reject"):
+                 checkpoint_every: str = "100", nonfinite: str = "reject", warmup: Warmup | None = None):
         from psbench.core.errors import ConfigError
 
         if nonfinite not in NONFINITE_MODES:
@@ -84,6 +86,7 @@ class Shard:
         self.n_workers = n_workers
         self.lr = lr
         self.optimizer = SGD(momentum, weight_decay)
+        self.warmup = warmup or Warmup()  # the async step's ramp from the phase's first update
         self.consistency = consistency
         self.policy: Policy = make_policy(consistency, n_workers)
         self.mitigation: Mitigation = parse_mitigation(mitigation)
@@ -169,9 +172,10 @@ class Shard:
         if grad is not None:
             bases = [self._basis(r) for r in reqs]
             tau = max(self.version - version for version, _ in bases)
-            g, lr = self.mitigation.adjust(0, grad, self.lr, tau, self.flat, bases[0][1])
+            lr, momentum = self.warmup.at(self.version - self.start_version, self.lr, self.optimizer.momentum)
+            g, lr = self.mitigation.adjust(0, grad, lr, tau, self.flat, bases[0][1])
             out = grad if reusable else None
-            self.flat = self.optimizer.step(self.flat, g, self.momentum_flat, lr, out)
+            self.flat = self.optimizer.step(self.flat, g, self.momentum_flat, lr, out, momentum)
             self.flat_frame = frame if out is not None else None
             self.version += 1
             self.staleness[tau] += 1
@@ -648,11 +652,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mitigation", default="none", help="none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
     p.add_argument("--workload", help="take lr/momentum/weight decay defaults from this workload")
     p.add_argument("--lr", type=float, help="learning rate as applied (already scaled)")
-    p.add_argument("--lr-scaling", default="auto", help="with --workload's lr: auto | none | 1/n | FACTOR")
+    p.add_argument("--lr-scaling", default="auto",
+                   help="with --workload's lr, the async step's ONE reduction: auto | 1/n | none | FACTOR")
     p.add_argument("--momentum", type=float, help="SGD momentum as applied (already scaled)")
     p.add_argument("--momentum-scaling", default="auto",
-                   help="with --workload's momentum m: auto (asp/ssp: 1 - (1 - m) * workers, at least 0) | none")
+                   help="with --workload's momentum m: auto (completes the one reduction: 1 - (1 - m) * workers with "
+                        "the lr kept) | scaled | none | MOMENTUM")
     p.add_argument("--weight-decay", type=float, help="SGD weight decay")
+    p.add_argument("--warmup", default="none", help="ramp of the step from this shard's first update: "
+                                                    "none | lr:from=F,updates=U | momentum:from=M,updates=U")
     p.add_argument("--step-timeout-s", type=float, default=60.0, help="BSP/SSP wait bound in seconds (default 60)")
     p.add_argument("--worker-timeout-s", type=float, default=None,
                    help="SSP stops waiting for a worker silent this long (default: never)")
@@ -675,7 +683,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def shard_from_args(args: argparse.Namespace) -> Shard:
-    from psbench.systems.ps.policies import resolve_lr, resolve_momentum
+    from psbench.systems.ps.policies import resolve_step
     from psbench.workloads import get_workload
     from psbench.core.errors import ConfigError
 
@@ -687,9 +695,9 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
     lr, momentum, wd = args.lr, args.momentum, args.weight_decay
     if args.workload:
         opt = get_workload(args.workload).optimizer
-        lr = lr if lr is not None else opt.lr * resolve_lr(args.lr_scaling, args.consistency, args.workers)
-        momentum = momentum if momentum is not None else resolve_momentum(args.momentum_scaling, args.consistency,
-                                                                          args.workers, opt.momentum)
+        step = resolve_step(args.lr_scaling, args.momentum_scaling, args.consistency, args.workers, opt.momentum)
+        lr = lr if lr is not None else opt.lr * step.lr_factor
+        momentum = momentum if momentum is not None else step.momentum
         wd = wd if wd is not None else opt.weight_decay
     if lr is None:
         raise ConfigError("give --lr or --workload")
@@ -699,7 +707,7 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
         raise ConfigError("--restore needs --checkpoint-dir")
     shard = Shard(args.shard_id, args.workers, lr, momentum or 0.0, wd or 0.0, args.consistency, args.mitigation,
                   args.step_timeout_s, args.worker_timeout_s, args.checkpoint_dir, args.checkpoint_every,
-                  args.nonfinite)
+                  args.nonfinite, parse_warmup(args.warmup))
     if args.restore:
         shard.restore(args.checkpoint_dir)
     return shard

@@ -242,9 +242,13 @@ class KVWorker:
         return all(m.extra.get("initialised", False) for m in replies.values())
 
     def state(self, slot: str = "params") -> list[np.ndarray]:
+        return self.state_at(slot)[0]
+
+    def state_at(self, slot: str = "params") -> tuple[list[np.ndarray], int]:
+        """A slot's tensors (admin) and the lowest shard version they were read at."""
         replies, _ = self._round({j: self._msg("state", 0, slot=slot) for j in range(len(self.sockets))})
         tensors = {k: a for m in replies.values() for k, a in zip(m.keys, m.arrays)}
-        return [tensors[k] for k in range(len(self.shapes))]
+        return [tensors[k] for k in range(len(self.shapes))], min(m.version for m in replies.values())
 
     def stats(self) -> list[dict[str, Any]]:
         replies, _ = self._round({j: self._msg("stats", 0) for j in range(len(self.sockets))})
@@ -361,6 +365,7 @@ class Trainer:
         clock = StepClock(prep.pacer(worker_id))
         bsp = str(prep.spec.options.get("consistency", "asp")) == "bsp"  # one bsp update: every worker's batch
         budget = prep.budget_updates(prep.batch_size * (prep.spec.workers if bsp else 1))
+        deadline = prep.budget_seconds()  # --budget seconds=T on the run's clock (t0: its zero, epoch s)
 
         def finish(step: int, n_samples: int, loss: float, flight: InFlight, times: tuple[float, float]) -> None:
             """Take step's reply: load the fresh parameters (update_s), record the row (and a
@@ -386,6 +391,8 @@ class Trainer:
         for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
             if self.fail_at_step is not None and step == self.fail_at_step:
                 raise RuntimeError(f"injected failure in worker {worker_id} at step {step}")
+            if deadline is not None and time.time() - t0 >= deadline:
+                break  # out of time: this worker trains no further step (under bsp the round goes on without it)
             halt = self.halt_at_step is not None and step >= self.halt_at_step
             if self.progress is not None and (halt or time.monotonic() >= next_progress):
                 self.progress(step, {c: v[sent:] for c, v in cols.items()}, halt)

@@ -27,7 +27,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import common_steps, read_buffers, read_state
 from psbench.systems.base import option
 from psbench.systems.common import Prepared, configure_threads, prepare
-from psbench.systems.ps.adapter import PSOptions, PSSystem, run_ps_phase, shard_cpu
+from psbench.systems.ps.adapter import PSOptions, PSSystem, check_timer_model, run_ps_phase, shard_cpu
 from psbench.systems.ps.policies import parse_consistency
 from psbench.systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
 from psbench.core.errors import ConfigError
@@ -48,8 +48,12 @@ class SwitchOptions:
     async_consistency: str = option("asp", "phase 2: asp | ssp:S")
     mitigation: str = option("none", "phase 2 staleness mitigation: none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
     servers: int = option(1, "PS server shards")
-    lr_scaling: str = option("auto", "PS lr scaling: auto (1: the workload's lr) | none | 1/n | a factor")
-    momentum_scaling: str = option("auto", "PS momentum: auto (asp/ssp: 1 - (1 - m) * N, at least 0; bsp: m) | none")
+    lr_scaling: str = option("auto", "phase 2's async step, as for ps: ONE reduction so its step per sample matches "
+                                     "phase 1's; auto | 1/n (lr / N, momentum kept) | none | a factor")
+    momentum_scaling: str = option("auto", "as for ps: auto (completes the one reduction) | scaled (1 - (1 - m) N, "
+                                           "lr kept) | none | a momentum")
+    warmup: str = option("none", "phase 2's ramp from the hand-over, as for ps: none | lr:from=F,updates=U | "
+                                 "momentum:from=M,updates=U")
     step_timeout_s: float = option(60.0, "how long PS BSP/SSP waits for slow workers before failing the step")
     timeout_s: float = option(1800.0, "stop the DDP phase's workers and fail after this many seconds")
 
@@ -71,7 +75,7 @@ class SwitchOptions:
         return PSOptions(consistency=consistency, servers=self.servers,
                          mitigation=self.mitigation if mitigation is None else mitigation,
                          lr_scaling=self.lr_scaling, momentum_scaling=self.momentum_scaling,
-                         step_timeout_s=self.step_timeout_s)
+                         step_timeout_s=self.step_timeout_s, warmup=self.warmup if consistency != "bsp" else "none")
 
 
 @dataclasses.dataclass
@@ -123,12 +127,21 @@ def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, record
 
 class SwitchSystem:
     name = "switch"
+    budgets = ("seconds",)  # over both phases: the sync phase stops there too if the criterion never fired
+    timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = SwitchOptions
 
     @staticmethod
     def extra_cpu(options: SwitchOptions, steps_per_s: float, n_params: int) -> float:
         """The async phase's PS shards (the sync phase has none)."""
         return shard_cpu(options.servers, steps_per_s, n_params)
+
+    @staticmethod
+    def check_spec(spec: RunSpec, options: SwitchOptions, workload: Any, device: Any, stragglers: Any) -> None:
+        check_timer_model(spec, workload)
+        if spec.budget is not None and options.sync != "ddp":
+            raise ConfigError(f"--budget {spec.budget}: a switch with sync={options.sync} cuts its sync phase at a "
+                              f"step; give --max-steps or --epochs, or sync=ddp")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -170,7 +183,8 @@ class SwitchSystem:
 
         result = run_ps_phase(prep, options.ps_options(options.async_consistency), recorder,
                               init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
-                              init_buffers=phase1.buffers, before_go=before_go, start_t_wall=phase1.t_end)
+                              init_buffers=phase1.buffers, before_go=before_go, start_t_wall=phase1.t_end,
+                              evaluate_start=spec.eval_every_s is None)
         recorder.stop_clock()
         info.update(handover_exact=handover.get("exact"), handover_s=handover.get("s"), handover_on_clock=True,
                     phase2_steps={str(w): n - phase1.steps for w, n in result.steps.items()})
@@ -183,3 +197,27 @@ class SwitchSystem:
         val = [e["accuracy"] for e in recorder.evals if e["split"] == "val" and e["step"] == phase1.steps]
         recorder.event("switch", step=phase1.steps, t_wall=phase1.t_end, criterion=criterion,
                        loss=losses[0] if losses else None, val_accuracy=val[0] if val else None)
+        recorder.extra["switch"]["spikes"] = record_spikes(recorder, phase1.steps)
+
+
+SPIKE_FACTOR = 2.0   # a step's training loss this many times the loss before the hand-over is a spike
+SPIKE_BEFORE = 10    # the pre-switch loss: the mean over every worker's last this-many sync steps
+SPIKE_AFTER = 50     # looked for in each worker's first this-many async steps
+
+
+def record_spikes(recorder: Recorder, switch_step: int) -> dict[str, Any]:
+    """Loss spikes after the hand-over: one `loss_spike` event per async step row (of a worker's first
+    SPIKE_AFTER) whose mini-batch loss exceeds SPIKE_FACTOR x the pre-switch loss; the summary (the
+    rule, the pre-switch loss, how many, the largest ratio) goes to the manifest."""
+    before = [r["loss"] for r in recorder.steps if switch_step - SPIKE_BEFORE <= r["step"] < switch_step]
+    reference = float(np.mean(before)) if before else float("nan")
+    after = [r for r in recorder.steps if switch_step <= r["step"] < switch_step + SPIKE_AFTER]
+    ratios = [(r, r["loss"] / reference) for r in after if reference > 0]
+    spikes = [(r, ratio) for r, ratio in ratios if ratio > SPIKE_FACTOR]
+    for r, ratio in spikes:
+        recorder.event("loss_spike", step=r["step"], worker=r["worker"], t_wall=r["t_wall"], loss=r["loss"],
+                       ratio=ratio, pre_switch_loss=reference)
+    return {"rule": f"async step loss > {SPIKE_FACTOR:g} x the mean loss of the last {SPIKE_BEFORE} sync steps, "
+                    f"within each worker's first {SPIKE_AFTER} async steps",
+            "pre_switch_loss": reference, "spikes": len(spikes),
+            "max_ratio": max((ratio for _, ratio in ratios), default=None)}

@@ -3,7 +3,7 @@ continue asynchronously? The thesis' exact rule is not public, so each rule is a
 parsed from one string and recorded with its parameters in the run manifest.
 
     fixed:epoch=2            switch at the start of epoch 2
-    fixed:fraction=0.3       switch after 30% of the step budget
+    fixed:fraction=0.3       switch after 30% of the step budget (of the time, under --budget seconds=T)
     plateau:window=20,threshold=0.01[,alpha=0.2]
                              relative improvement of the EMA-smoothed training loss over the last
                              `window` observations below `threshold`
@@ -31,6 +31,8 @@ class Observation:
     steps_per_epoch: int
     total_steps: int
     loss: float
+    elapsed_s: float = 0.0          # the training clock
+    budget_s: float | None = None   # --budget seconds=T: fractions are of the time budget
 
 
 @dataclass
@@ -50,6 +52,8 @@ class FixedPoint:
     def should_switch(self, obs: Observation) -> bool:
         if self.epoch is not None:
             return obs.step >= self.epoch * obs.steps_per_epoch
+        if obs.budget_s is not None:
+            return obs.elapsed_s >= self.fraction * obs.budget_s
         return obs.step >= self.fraction * obs.total_steps
 
 

@@ -16,10 +16,10 @@ def step_stop_for(text: str, prep: Prepared, world: int) -> StepStopFn:
     from psbench.systems.allreduce_common import common_steps
 
     criterion = parse_criterion(text)
-    per_epoch, total = prep.steps_per_epoch(0), common_steps(prep, world)
+    per_epoch, total, budget_s = prep.steps_per_epoch(0), common_steps(prep, world), prep.budget_seconds()
 
-    def step_stop(done: int, loss: float) -> bool:
-        return bool(criterion.should_switch(Observation(done, per_epoch, total, loss)))
+    def step_stop(done: int, loss: float, elapsed_s: float) -> bool:
+        return bool(criterion.should_switch(Observation(done, per_epoch, total, loss, elapsed_s, budget_s)))
 
     return step_stop
 

@@ -1,0 +1,66 @@
+"""The method every Strategy-Switch comparison rests on: a time budget that ends every system (and
+both phases of a switch) on the same training clock, a timer evaluator that evaluates every system
+on the same schedule, and the hand-over's loss spikes on record."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from psbench.bench.harness.runner import plan, record_run
+from psbench.core.spec import RunSpec
+
+STEP_S = 0.02  # the emulated device's step
+
+
+def run(system: str, workers: int, budget_s: float, every_s: float, **options) -> tuple[pd.DataFrame, pd.DataFrame, object]:
+    spec = RunSpec(system, "mlp-digits", workers=workers, budget=f"seconds={budget_s:g}", eval_every_s=every_s,
+                   emulate_device=f"step_ms={STEP_S * 1000:g}", options=options)
+    recorder = record_run(plan(spec, allow_oversubscribe=True))
+    evals = pd.DataFrame(recorder.evals)
+    return pd.DataFrame(recorder.steps), evals[evals["split"] == "val"], recorder
+
+
+def on_grid(times: pd.Series, every_s: float, slack_s: float) -> bool:
+    """Every evaluation after the first lies within slack_s after a multiple of every_s."""
+    return all(0 <= t - math.floor(t / every_s) * every_s <= slack_s for t in times)
+
+
+@pytest.mark.parametrize("system, workers, options", [("single", 1, {}), ("ddp", 2, {}), ("ps", 2, {"consistency": "asp"}),
+                                                      ("ps", 2, {"consistency": "bsp"})])
+def test_a_time_budget_ends_the_run_and_the_timer_evaluates_on_one_grid(system, workers, options):
+    budget_s, every_s = 3.0, 0.5
+    steps, val, recorder = run(system, workers, budget_s, every_s, **options)
+    last = steps.groupby("worker")["t_wall"].max()
+    # every worker stops once the clock passes the budget: its last step ends within a few steps of it
+    assert (last >= budget_s - 3 * STEP_S).all() and (last <= budget_s + 5 * STEP_S).all(), last.to_dict()
+    # the schedule: one evaluation per multiple of every_s (a step's end after it), plus the start and the end
+    slack = 0.25  # a step, a pull from the servers, a loaded machine's scheduling
+    assert on_grid(val["t_wall"].iloc[1:-1], every_s, slack), val["t_wall"].round(3).tolist()
+    covered = {math.floor(t / every_s + 1e-9) for t in val["t_wall"]}
+    assert covered >= set(range(int(budget_s / every_s))), sorted(covered)
+    assert recorder.summary()["budget"] == f"seconds={budget_s:g}"
+    assert "last 3" in recorder.summary()["time_to_target_rule"]
+
+
+def test_a_switch_keeps_one_budget_and_one_evaluation_grid_across_both_phases():
+    """fixed:fraction=0.2 of a 14 s budget: the sync phase hands over at ~2.8 s of the clock, the
+    async phase trains until 14 s; the timer's grid goes on through the hand-over; spikes are
+    looked for and summarised."""
+    budget_s, every_s = 14.0, 1.0
+    steps, val, recorder = run("switch", 2, budget_s, every_s, criterion="fixed:fraction=0.2",
+                               warmup="lr:from=0.2,updates=40")
+    info = recorder.extra["switch"]
+    assert info["fired"] is True and 0.2 * budget_s <= info["switch_t_wall"] <= 0.2 * budget_s + 0.5
+    async_rows = steps[steps["staleness"].notna()]
+    assert len(async_rows) and async_rows["t_wall"].max() <= budget_s + 5 * STEP_S
+    assert async_rows["t_wall"].max() >= budget_s - 3 * STEP_S
+    timed = val[(val["t_wall"] - info["switch_t_wall"]).abs() > 1e-9]  # the hand-over's own evaluation aside
+    assert on_grid(timed["t_wall"].iloc[1:-1], every_s, 0.3), val["t_wall"].round(3).tolist()
+    assert (val["t_wall"] == info["switch_t_wall"]).sum() == 1  # the hand-over's weights evaluated once
+    spikes = info["spikes"]
+    assert spikes["pre_switch_loss"] > 0 and spikes["spikes"] >= 0 and "2 x" in spikes["rule"]
+    phase2 = recorder.extra["ps"]["phases"][-1]
+    assert phase2["warmup"] == {"kind": "lr", "start": 0.2, "updates": 40}
+    assert phase2["async_step"]["step_per_sample_vs_sync"] == pytest.approx(1.0)
