@@ -43,7 +43,7 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
         rec.eval(step, "val", 2.3 * math.exp(-t / tau) + 0.15 - noise / 2, min(1.0, acc), t_wall=t)
     if switch_at is not None:
         rec.event("switch", step=switch_at, t_wall=switch_at * step_s, criterion="plateau", to="async")
-        rec.extra["switch"] = {"handover_s": handover_s, "switch_t_wall": switch_at * step_s}
+        rec.extra["switch"] = {"handover_s": handover_s, "switch_t_wall": switch_at * step_s, "fired": True}
     if shards:
         labels = np.repeat(np.arange(10), 30)
         features = (labels[:, None] + rng.standard_normal((len(labels), 4))).astype(np.float32)
@@ -78,9 +78,12 @@ def build_fixture_suite(results_dir: Path, suite: str = "fixture") -> Path:
     # Allreduce at 2 workers.
     fake_run(results_dir, suite, RunSpec("ddp", "mlp-digits", workers=2, batch_size=16), step_s=0.003,
              parts={"compute_s": 0.4, "comm_s": 0.4, "wait_s": 0.15})
-    # Strategy-Switch with its switch event.
+    # Strategy-Switch with its switch event; at 4 workers too, beside ddp, for the regime map.
     fake_run(results_dir, suite, RunSpec("strategy-switch", "mlp-digits", workers=2, batch_size=16),
              step_s=0.0025, switch_at=10, handover_s=0.2)
+    fake_run(results_dir, suite, RunSpec("ddp", "mlp-digits", workers=4, batch_size=16), step_s=0.004)
+    fake_run(results_dir, suite, RunSpec("strategy-switch", "mlp-digits", workers=4, batch_size=16),
+             step_s=0.003, switch_at=10, handover_s=0.2)
     # Sharding variance: three strategies, three seeds, with shard reports; random is the noisiest.
     for strategy, spread in (("random", 0.04), ("stratified", 0.015), ("distribution-aware:3", 0.01)):
         for seed in range(3):

@@ -20,7 +20,7 @@ import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
-from psbench.bench.report import measures
+from psbench.bench.report import measures, switching
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
@@ -46,6 +46,10 @@ PLOT_CAPTIONS = {
                      "are seeds, bold the median): a jump after step 0 is the spike the warm-up "
                      "(lr or momentum ramp) is for; spikes beyond 2x the pre-switch loss are recorded as "
                      "loss_spike events.",
+    "switch_map": "The regime map: for each workload, worker count and straggler condition, the best switch "
+                  "variant's (and pure ASP's) speed-up to target over the fastest sync system, with the final "
+                  "accuracy difference; blue cells are where it pays. Means over the verdict seeds; the table "
+                  "'Strategy-Switch against the fastest sync system' has each cell's interval.",
     "sharding_variance": "Final training/validation loss and accuracy over seeds, per sharding strategy "
                          "(dots are individual seeds).",
     "shard_class_counts": "Examples of each class per worker shard: a tight box means every worker sees the "
@@ -188,6 +192,7 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
         for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update"),
                              strict=True):
             _with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
+            row[f"{name} (ms)"] = math.nan if row[f"{name} (ms)"] is None else row[f"{name} (ms)"]  # untold: nan
         _with_ci(row, "step (ms)", group["step_s"], "median", scale=1000)
         if "allreduce_alone_s" in group and group["allreduce_alone_s"].notna().any():
             # the same tensors' allreduce timed alone in the same ranks: what communication costs
@@ -613,6 +618,12 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           "Each of the thesis' findings this suite holds records for: the paper's figure, ours with its 95% "
           "interval and n, and a verdict by the rule beside it (bench/report/thesis.py), computed from the records. "
           "`psbench thesis RESULTS_DIR` gathers them over every suite.")
+    comparisons = switching.switch_comparisons(res)
+    table("Strategy-Switch against the fastest sync system",
+          switching.switch_verdict_table(comparisons) if comparisons else pd.DataFrame(),
+          "Each switch variant and pure ASP against the faster of ddp and ps bsp, paired by seed: " +
+          switching.SWITCH_RULE_EXTRA + " 'detectable speed-up': the smallest speed-up this design shows "
+          "with 80% power at the test's alpha, given the spread seen.")
     table("Thesis figures beside ours", thesis,
           "Our runs are small and on one machine; the shape of a finding is what carries over, not its size. "
           "Strategy-Switch is compared with pure sync and pure async runs set up alike, never with itself.")

@@ -468,6 +468,43 @@ def handover_loss(res: SuiteResults, out_dir: Path) -> list[Path]:
                         sorted(runs["workload"].unique()), draw, width=6.5, height=4.2)
 
 
+def switch_map(res: SuiteResults, out_dir: Path) -> list[Path]:
+    """The regime map: per workload, the speed-up to target over the fastest sync system (log colour)
+    of the best switch variant and of pure ASP, across worker counts (x) and straggler conditions
+    (y), each cell annotated with the speed-up and the accuracy difference (pp). Drawn when the
+    suite spans more than one cell."""
+    from psbench.bench.report.switching import switch_comparisons
+
+    found = switch_comparisons(res)
+    frame = pd.DataFrame([{"workload": c.workload, "workers": c.workers, "conditions": c.conditions,
+                           "who": "switch (best variant)" if c.never_switched != "–" else "pure ASP",
+                           "speedup": c.speedup.estimate, "acc": c.accuracy_pp.estimate, "acted": c.in_verdict
+                           or c.never_switched == "–"} for c in found])
+    if frame.empty or len(frame[["workers", "conditions"]].drop_duplicates()) < 2:
+        return []
+    frame = frame[frame["acted"]]
+    best = frame.sort_values("speedup", ascending=False).drop_duplicates(["workload", "workers", "conditions", "who"])
+    panels = sorted(best.groupby(["workload", "who"]).groups)
+
+    def draw(ax: plt.Axes, panel: tuple[str, str], style: Styles) -> None:
+        cells = best[(best["workload"] == panel[0]) & (best["who"] == panel[1])]
+        xs, ys = sorted(cells["workers"].unique()), sorted(cells["conditions"].unique())
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for _, c in cells.iterrows():
+            grid[ys.index(c["conditions"]), xs.index(c["workers"])] = np.log2(c["speedup"])
+        image = ax.imshow(grid, cmap="RdBu", vmin=-2, vmax=2, aspect="auto")
+        for _, c in cells.iterrows():
+            ax.text(xs.index(c["workers"]), ys.index(c["conditions"]), f"{c['speedup']:.2f}x\n{c['acc']:+.1f} pp",
+                    ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+        ax.set_yticks(range(len(ys)), ys, fontsize=7)
+        ax.set(title=f"{panel[0]}: {panel[1]}", xlabel="workers")
+        plt.colorbar(image, ax=ax, label="log2 speed-up to target vs fastest sync")
+
+    return facet_figure(res, out_dir, "switch_map", "Where switching pays: speed-up to target over the fastest "
+                        "sync system (blue: faster), accuracy difference in pp", panels, draw, width=6.5, height=4.2)
+
+
 def _switch_text(event: pd.Series) -> str:
     try:
         detail = json.loads(event["detail"]) if isinstance(event["detail"], str) else {}
@@ -625,6 +662,7 @@ PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {
     "staleness_hist": staleness_hist,
     "strategy_switch": strategy_switch,
     "handover_loss": handover_loss,
+    "switch_map": switch_map,
     "sharding_variance": sharding_variance,
     "shard_class_counts": shard_class_counts,
     "time_breakdown": time_breakdown,

@@ -215,3 +215,68 @@ def mlperf_time_to_target(times: Sequence[float | None]) -> TimeToTarget:
     value = float(kept.mean()) if len(kept) and np.isfinite(kept).all() else None
     spread = (float(reached.min()), float(reached.max())) if len(reached) else (None, None)
     return TimeToTarget(len(arr), len(reached), len(kept), value, *spread)
+
+
+# ---- paired t: intervals that hold at small n, one-sided tests, Holm's correction ------------------
+
+@dataclass(frozen=True)
+class PairedT:
+    """A paired comparison of n pairs by Student's t: the estimate, its two-sided interval at
+    `confidence`, and the one-sided p-value of H0 'effect <= threshold' (so a small p says the effect
+    exceeds the threshold). For ratios the t runs on log ratios and everything is back on the ratio
+    scale. `mde` is the smallest effect this design detects against the threshold with 80% power
+    at the test's alpha, given the spread observed."""
+    n: int
+    estimate: float
+    lo: float
+    hi: float
+    p: float
+    mde: float
+
+    @property
+    def interval(self) -> Interval:
+        return Interval(self.n, self.estimate, self.lo, self.hi)
+
+
+def paired_t(diffs: Sequence[float] | np.ndarray, threshold: float = 0.0, confidence: float = CONFIDENCE,
+             alpha: float = 0.05, power: float = 0.8) -> PairedT:
+    """Mean of paired differences with a t interval, and the one-sided test of mean > threshold."""
+    d = _clean(diffs)
+    n = len(d)
+    if n < 2:
+        est = float(d.mean()) if n else math.nan
+        return PairedT(n, est, math.nan, math.nan, math.nan, math.nan)
+    mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
+    half = float(sps.t.ppf(1 - (1 - confidence) / 2, n - 1)) * se
+    if se == 0:
+        p = 0.0 if mean > threshold else 1.0
+    else:
+        p = float(sps.t.sf((mean - threshold) / se, n - 1))
+    mde = threshold + (float(sps.t.ppf(1 - alpha, n - 1)) + float(sps.t.ppf(power, n - 1))) * se
+    return PairedT(n, mean, mean - half, mean + half, p, mde)
+
+
+def paired_log_ratio_t(numerator: Sequence[float] | np.ndarray, denominator: Sequence[float] | np.ndarray,
+                       threshold: float = 1.0, confidence: float = CONFIDENCE, alpha: float = 0.05) -> PairedT:
+    """numerator / denominator per pair (e.g. sync's time to target / switch's: a speed-up), its
+    geometric mean with a t interval on the log scale, and the one-sided test of ratio > threshold."""
+    a, b = _pairs(numerator, denominator)
+    if not len(a) or (a <= 0).any() or (b <= 0).any():
+        return PairedT(len(a), math.nan, math.nan, math.nan, math.nan, math.nan)
+    t = paired_t(np.log(a) - np.log(b), math.log(threshold), confidence, alpha)
+    return PairedT(t.n, math.exp(t.estimate), math.exp(t.lo) if t.n > 1 else math.nan,
+                   math.exp(t.hi) if t.n > 1 else math.nan, t.p, math.exp(t.mde) if t.n > 1 else math.nan)
+
+
+def holm(p_values: Sequence[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down correction: which of the hypotheses are rejected at family-wise `alpha`
+    (nan p-values are never rejected and do not count as tests)."""
+    ps = [(p, i) for i, p in enumerate(p_values) if not math.isnan(p)]
+    ps.sort()
+    rejected = [False] * len(p_values)
+    m = len(ps)
+    for rank, (p, i) in enumerate(ps):
+        if p > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
