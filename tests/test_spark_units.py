@@ -50,8 +50,10 @@ def test_error_line_finds_the_python_error_in_a_spark_failure():
     assert error_line(RuntimeError(text)) == "ValueError: bad shard 3"
     torchrun = '[rank1]: Traceback (most recent call last):\n[rank1]:   File "f.py"\n[rank1]: RuntimeError: boom\n'
     assert error_line(RuntimeError("TorchDistributor failed"), torchrun) == "RuntimeError: boom"
-    assert error_line(RuntimeError("x\norg.apache.spark.SparkException: Job aborted: why")) == \
-        "org.apache.spark.SparkException: Job aborted: why"
+    # the JVM's reason without its class name (Py4J's ': org.apache.spark.SparkException: ' prefix)
+    assert error_line(RuntimeError("x\norg.apache.spark.SparkException: Job aborted: why")) == "Job aborted: why"
+    assert error_line(RuntimeError("An error occurred while calling o7.collect.\n: org.apache.spark.SparkException: "
+                                   "Job aborted due to stage failure: lost")) == "Job aborted due to stage failure: lost"
 
 
 def test_unavailable_without_pyspark(monkeypatch):

@@ -138,11 +138,14 @@ def jvm_rows(spark: Any, prep: Prepared, kind: str) -> Any:
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import DataFrame
 
-    key = (id(spark.sparkContext._jsc), prep.data.name, len(prep.data.y_train), prep.spec.workers, kind)
+    # keyed by the context's application id: an id() of a stopped context's object can come back
+    app = spark.sparkContext.applicationId
+    key = (app, prep.data.name, len(prep.data.y_train), prep.spec.workers, kind)
     if key in _DATA:
         return _DATA[key]
-    for old in _DATA.values():  # a pyspark DataFrame, or a JVM RDD (whose unpersist takes `blocking`)
-        old.unpersist() if isinstance(old, DataFrame) else old.unpersist(False)
+    for old_key, old in _DATA.items():  # a pyspark DataFrame, or a JVM RDD (whose unpersist takes `blocking`)
+        if old_key[0] == app:  # another application's context is stopped: its cache went with it
+            old.unpersist() if isinstance(old, DataFrame) else old.unpersist(False)
     _DATA.clear()
     x, y = prep.data.x_train, prep.data.y_train
     names = [f"f{i}" for i in range(x.shape[1])]
