@@ -162,9 +162,8 @@ class SwitchSystem:
         phase1 = (_phase1_ddp if options.sync == "ddp" else _phase1_ps_bsp)(spec, prep, options, recorder, budget)
         info.update(fired=phase1.fired, switch_step=phase1.steps if phase1.fired else None,
                     switch_t_wall=phase1.t_end if phase1.fired else None, phase1_steps=phase1.steps)
-        if not phase1.fired:
-            info["note"] = "criterion never fired: phase 1 (sync) ran the whole step budget, no async phase"
-            recorder.stop_clock()
+        if not phase1.fired:  # the clock is phase 1's (adopted): its end, not this process's later one
+            info["note"] = "criterion never fired: phase 1 (sync) ran the whole budget, no async phase"
             return
         handover: dict[str, Any] = {}
 
