@@ -304,7 +304,7 @@ def test_bad_push_is_rejected_and_leaves_state_unchanged():
     assert [m.op for _, m in out] == ["error"] * 4
     assert "does not match the registered" in out[0][1].extra["error"]
     np.testing.assert_array_equal(shard.params[0], before)
-    assert shard.version == 0 and shard.n_errors == 4
+    assert shard.version == 0 and shard.error_log.report()["rejected"] == 4
 
 
 def test_shard_dc_asgd_uses_the_params_the_worker_pulled():
@@ -348,7 +348,7 @@ def test_pipelined_push_counts_staleness_and_dc_asgd_from_the_version_it_names()
     np.testing.assert_allclose(last.arrays[0], np.array([-1, -2, 1]) - np.array([-1, -14, 1]))
     # a version never sent to this worker falls back to the last send (v2): staleness 0, no error
     send(shard, b"a", "push", 0, arrays=[g], want_params=True, based_on=99)
-    assert replies(shard)[-1][1].extra["staleness"] == 0 and shard.n_errors == 0
+    assert replies(shard)[-1][1].extra["staleness"] == 0 and not shard.error_log.recent
 
 
 def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
@@ -362,7 +362,7 @@ def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
         send(shard, b"a", "push", 0, arrays=[np.ones(3, np.float32)], based_on=bad)
         [(_, msg)] = replies(shard)
         assert msg.op == "error" and "based_on" in msg.extra["error"]
-    assert shard.version == 0 and shard.n_errors == 4
+    assert shard.version == 0 and shard.error_log.report()["rejected"] == 4
     with pytest.raises(ConfigError, match="pipeline needs consistency asp"):
         parse_options(PSOptions, {"consistency": "bsp", "pipeline": "true"}, "ps")
     assert parse_options(PSOptions, {"consistency": "asp", "pipeline": "true"}, "ps").pipeline is True

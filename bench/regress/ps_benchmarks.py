@@ -98,7 +98,7 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
     that checks and applies each gradient with numpy can reach, `vs_sgd_echo` what the PS's
     protocol and bookkeeping cost beyond it."""
     from psbench.systems.ps.launch import Cluster
-    from psbench.systems.ps.worker import KVWorker
+    from psbench.systems.ps.worker import ADMIN, KVWorker
 
     reps = reps or {1: 40, 10: 15, 100: 5}
     out: dict[str, float] = {}
@@ -108,8 +108,9 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
             grad = np.ones(shape, np.float32)
             with Cluster(1, 1, "bench") as cluster:  # a fresh shard per size: its keys have one shape
                 [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "1024"])
-                with KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
-                    kv.init([np.zeros(shape, np.float32)])
+                with KVWorker([address], ADMIN, [shape], "bench", max_bytes=1024 * MB) as admin, \
+                        KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
+                    admin.init([np.zeros(shape, np.float32)])
                     raw_t, sgd_t, ps_t = [], [], []
                     for i in range(reps.get(size, 5) + 1):  # the first of each is a warm-up
                         for header, times in ((b"h" * 120, raw_t), (SGD_ECHO, sgd_t)):
@@ -121,7 +122,7 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
                         t = time.perf_counter()
                         kv.push_pull([grad], i)
                         ps_t.append(time.perf_counter() - t)
-                    kv.shutdown()
+                    admin.shutdown()
                 cluster.wait_servers()
             raw_s, sgd_s, ps_s = (statistics.median(t[1:]) for t in (raw_t, sgd_t, ps_t))
             out[f"roundtrip_{size}mb"] = raw_s / ps_s
@@ -190,7 +191,7 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
     from psbench.core.spec import RunSpec
     from psbench.systems.common import configure_threads, forward_backward, make_optimizer, prepare
     from psbench.systems.ps.launch import Cluster
-    from psbench.systems.ps.worker import KVWorker, Trainer
+    from psbench.systems.ps.worker import ADMIN, KVWorker, Trainer
 
     configure_threads(1)
     out: dict[str, float] = {}
@@ -233,13 +234,13 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
         with echo() as raw, Cluster(1, 1, "bench") as cluster:
             [address] = cluster.start_servers(["--workload", workload, "--workers", "1", "--consistency", "asp"])
             shapes = [tuple(p.shape) for p in model.parameters()]
-            with KVWorker([address], 0, shapes, "bench") as kv:
-                kv.init([p.detach().numpy() for p in prep.build_model().parameters()])
+            with KVWorker([address], ADMIN, shapes, "bench") as admin, KVWorker([address], 0, shapes, "bench") as kv:
+                admin.init([p.detach().numpy() for p in prep.build_model().parameters()])
                 trainer = Trainer(prep, kv, 0)
                 trainer.load(kv.pull()[0])
                 single(burst), ps(burst), echo_step(burst)  # warm-up: first-call costs belong to no side
                 rows = [(single(burst), ps(burst), echo_step(burst)) for _ in range(rounds)]
-                kv.shutdown()
+                admin.shutdown()
             cluster.wait_servers()
         t_single, t_ps, t_echo = (sum(r[i] for r in rows) for i in range(3))
         ratios = sorted(a / b for a, b, _ in rows)

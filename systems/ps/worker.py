@@ -491,9 +491,10 @@ def _main(args: argparse.Namespace) -> int:
     prep = prepare(spec)
     model = prep.build_model()
     shapes = [tuple(p.shape) for p in model.parameters()]
+    if args.init:  # the launcher's request, made as the admin (the job's token is ours too)
+        with KVWorker(addresses, ADMIN, shapes, token, args.timeout_s, retry_s=args.retry_s) as admin:
+            admin.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
     with KVWorker(addresses, worker_id, shapes, token, args.timeout_s, retry_s=args.retry_s) as kv:
-        if args.init:
-            kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
         del model
         init_buffers = np.load(args.init_buffers, allow_pickle=False) if args.init_buffers else None
         if args.control:
