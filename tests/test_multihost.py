@@ -89,6 +89,8 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
         system = "ddp"
         workload = "mlp-digits"
         max_steps = 60
+        [run.options]
+        insecure = true
         [[hosts]]
         name = "n0"
         roles = ["worker"]
@@ -107,7 +109,7 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
     manifest = json.loads((run_dir / "manifest.json").read_text())
     hosts = manifest["extra"]["cluster"]["hosts"]
     assert [h["address"].startswith("198.18.") for h in hosts] == [True] * 3
-    assert manifest["spec"]["options"] == {"launcher": "netns", "caps": "n1=200"}
+    assert manifest["spec"]["options"] == {"insecure": True, "launcher": "netns", "caps": "n1=200"}
     steps = read_table(run_dir, "steps")
     assert steps.groupby("worker")["step"].count().to_dict() == {0: 60, 1: 60, 2: 60}
     evals = read_table(run_dir, "evals")
@@ -125,6 +127,8 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
         system = "ddp"
         workload = "mlp-digits"
         max_steps = 30
+        [run.options]
+        insecure = true
         [[hosts]]
         roles = ["worker"]
         [[hosts]]
@@ -215,6 +219,8 @@ def test_roles_and_counts_come_from_the_hosts():
 
 def test_ddp_nodes_get_rank_and_master():
     cf = parse("""
+        [run.options]
+        insecure = true
         [[hosts]]
         roles = ["worker", "worker"]
         [[hosts]]
@@ -229,6 +235,17 @@ def test_ddp_nodes_get_rank_and_master():
     for flag, value in [("--master-addr", "198.18.0.1"), ("--nnodes", "2"), ("--node-rank", "1"), ("--workers", "4")]:
         assert argv[argv.index(flag) + 1] == value
     assert roles[0].env == {"GLOO_SOCKET_IFNAME": "veth0"}
+    assert argv[argv.index("--insecure") + 1] == "True"
+
+
+@pytest.mark.parametrize("launcher", ["netns", "ssh"])
+def test_ddp_across_hosts_needs_insecure(launcher: str):
+    """The nodes' rendezvous store and gloo listen on a host address without authentication."""
+    hosts = '[[hosts]]\naddress = "198.18.0.1"\nroles = ["worker"]\n[[hosts]]\naddress = "198.18.0.2"\nroles = ["worker"]\n'
+    with pytest.raises(ConfigError, match="set insecure = true in \\[run.options\\]"):
+        parse(hosts, launcher=launcher, system="ddp")
+    assert parse('[run.options]\ninsecure = true\n' + hosts, launcher=launcher, system="ddp").spec.options["insecure"]
+    parse(hosts, launcher="local", system="ddp")  # 127.0.0.1: nothing to opt in to
 
 
 @pytest.mark.parametrize("text, message", [

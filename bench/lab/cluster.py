@@ -11,8 +11,8 @@ placed on the hosts a cluster file names. Results land in results/<suite>/<run-i
     system = "ps"
     workload = "mlp-digits"
     max_steps = 40
-    [run.options]             # system options (ps: consistency, mitigation, ...; servers is derived)
-    consistency = "asp"
+    [run.options]             # system options (ps: consistency, mitigation, ...; servers is derived;
+    consistency = "asp"       #   ddp beyond "local": insecure = true, its store has no authentication)
     [ssh]                     # launcher = "ssh" only
     user = "me"
     workdir = "/opt/psbench"  # the same checkout and venv on every host
@@ -176,7 +176,11 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
         if len({len(h.roles) for h in nodes}) != 1:
             raise ConfigError(f"{source}: every ddp host needs the same number of worker roles, got "
                               f"{[len(h.roles) for h in nodes]}")
-    _check_system_options(system, options, source)
+    parsed = _check_system_options(system, options, source)
+    if system == "ddp" and launcher != "local" and not parsed.insecure:
+        raise ConfigError(f"{source}: ddp across hosts listens on the first node's address with torch's rendezvous "
+                          "store and gloo, which have no authentication: set insecure = true in [run.options] "
+                          "(recorded in the manifest)")
     run["workers"] = workers
     try:
         spec = RunSpec(**{**run, "options": options})
@@ -197,13 +201,14 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
     return ClusterFile(launcher, spec, tuple(hosts), str(raw.get("suite", "cluster")), port, float(timeout), ssh, source)
 
 
-def _check_system_options(system: str, options: dict[str, Any], source: str) -> None:
+def _check_system_options(system: str, options: dict[str, Any], source: str) -> Any:
+    """The system's options parsed (ConfigError naming the file if they are bad)."""
     from psbench import systems
     from psbench.systems.base import parse_options
 
     cls = systems.get_system(system)
     try:
-        parse_options(cls.Options, options, system)
+        return parse_options(cls.Options, options, system)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 

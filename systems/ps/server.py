@@ -760,13 +760,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(what: str, host: str, token: str | None, insecure: bool) -> None:
-    """A server bound beyond loopback needs a token, or an explicit --insecure."""
+PS_REMEDY = "give a token (--token or env PSBENCH_PS_TOKEN), or --insecure to accept any client"
+
+
+def check_exposure(what: str, host: str, token: str | bool | None, insecure: bool, remedy: str = PS_REMEDY) -> None:
+    """A server bound beyond loopback needs authentication (a token, or True: it is on), or an
+    explicit opt-out (--insecure); `remedy` says how, for the system at hand. Every system that
+    binds a port (PS, Spark, DDP, Horovod) asks the same question here."""
     from psbench.core.errors import ConfigError
 
     if not is_loopback(host) and not token and not insecure:
-        raise ConfigError(f"{what} binds {host}, which is reachable from other hosts: give a token "
-                          "(--token or env PSBENCH_PS_TOKEN), or --insecure to accept any client")
+        raise ConfigError(f"{what} binds {host}, which is reachable from other hosts: {remedy}")
 
 
 def main(args: argparse.Namespace) -> int:

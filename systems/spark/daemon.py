@@ -31,7 +31,7 @@ def spark_class() -> str:
 
 def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The spark-class argv and environment for `master|worker ARGS [--insecure]`."""
-    from psbench.systems.ps.server import is_loopback
+    from psbench.systems.ps.server import check_exposure
 
     if not argv or argv[0] not in CLASSES:
         raise ConfigError(f"first argument must be one of {', '.join(CLASSES)}, got {argv[:1]}")
@@ -39,9 +39,8 @@ def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[s
     insecure = "--insecure" in argv[1:]
     token = environ.get("PSBENCH_SPARK_TOKEN") or None
     host = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--host", "-h")), None)
-    if not token and not insecure and not (host and is_loopback(host)):
-        raise ConfigError(f"the Spark {role} binds {host or 'its host address'}, reachable from other hosts: set "
-                          "PSBENCH_SPARK_TOKEN (the same on master, workers and driver) or pass --insecure")
+    check_exposure(f"the Spark {role}", host or "its host address", token, insecure,
+                   "set PSBENCH_SPARK_TOKEN (the same on master, workers and driver) or pass --insecure")
     env = dict(environ)
     if token:
         # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options

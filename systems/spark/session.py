@@ -114,13 +114,12 @@ def _local_slots(master: str) -> int | None:
 def check_driver_exposure(conf: dict[str, str], insecure: bool) -> None:
     """A driver bound beyond loopback accepts connections from other hosts: it needs Spark's
     authentication (a token), or an explicit insecure=true."""
-    from psbench.systems.ps.server import is_loopback
+    from psbench.systems.ps.server import check_exposure
 
-    bind = conf.get("spark.driver.bindAddress", "127.0.0.1")
-    if not is_loopback(bind) and conf.get("spark.authenticate") != "true" and not insecure:
-        raise ConfigError(f"the Spark driver binds {bind}, which is reachable from other hosts: set "
-                          "PSBENCH_SPARK_TOKEN (Spark authentication; give the master and workers the same) "
-                          "or the option insecure=true")
+    check_exposure("the Spark driver", conf.get("spark.driver.bindAddress", "127.0.0.1"),
+                   conf.get("spark.authenticate") == "true", insecure,
+                   "set PSBENCH_SPARK_TOKEN (Spark authentication; give the master and workers the same) "
+                   "or the option insecure=true")
 
 
 def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = None,
