@@ -291,8 +291,11 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
     assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
-    assert argv[6].startswith("cd '/opt/psbench dir' && exec env PSBENCH_PS_TOKEN=t0k .venv/bin/python -m psbench "
-                              "ps-worker --servers 10.1.0.1:29500 --worker-id 0")
+    # the token is read from the session's stdin, never part of the command (ps shows it on both ends)
+    assert argv[6].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
+                              ": || exit 1; exec .venv/bin/python -m psbench ps-worker --servers 10.1.0.1:29500 "
+                              "--worker-id 0")
+    assert not any("t0k" in a for a in argv) and cluster.ssh_stdin(roles[1].env) == b"t0k\n"
     # running it for real is tests/test_ssh_launcher.py (sshd in namespace hosts); never 10.x here
     from psbench.bench.cli import main
 

@@ -32,8 +32,9 @@ and for DDP `run --system ddp --nnodes H --node-rank i --master-addr <first work
 The workers' step rows come back through files (ps-worker --out, each node's results folder).
 netns and local share this machine's file system. With launcher = "ssh" each role runs as
 `ssh HOST 'cd WORKDIR && ...'` (passwordless ssh; the same checkout + venv at [ssh] workdir on
-every host), writes into its own host's folder WORKDIR/.psbench-cluster/<job>/<host name>/, and
-the files are copied back with scp before merging, as if no file system were shared; the remote
+every host; the job's token travels on the session's stdin, never in a command line), writes into
+its own host's folder WORKDIR/.psbench-cluster/<job>/<host name>/, and the files are copied back
+with scp before merging, as if no file system were shared; the remote
 folders are removed afterwards. A role's remote process is stopped when its ssh connection
 closes (a guard on the session's stdin), so stopping the launcher stops every host's processes.
 `--dry-run` prints the commands instead.
@@ -304,20 +305,31 @@ def _plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str
 
 
 def ssh_argv(cf: ClusterFile, role: PlannedRole, guard: bool = False) -> list[str]:
-    """The ssh command that runs `role` on its host. With `guard` the remote process is stopped
-    when the connection closes: the remote shell keeps the session's stdin (which the launcher
-    holds open and never writes) and sends SIGTERM to the role once it reads end-of-file."""
+    """The ssh command that runs `role` on its host. Its environment (the job's token) never goes
+    into the command, which `ps` shows on both ends: the remote shell reads each variable's value,
+    one line each in sorted order (`ssh_stdin`), from the session's stdin and exports it. With
+    `guard` the remote process is stopped when the connection closes: the remote shell keeps the
+    rest of that stdin (which the launcher holds open and never writes again) and sends SIGTERM to
+    the role once it reads end-of-file."""
     host = cf.hosts[role.host]
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(role.env.items()))
-    run = (f"env {env} " if env else "") + shlex.join(role.argv)
-    cd = f"cd {shlex.quote(cf.ssh.workdir)} && "
+    names = sorted(role.env)
+    take_env = "".join(f"IFS= read -r {k} && export {k} && " for k in names)
+    prologue = f"cd {shlex.quote(cf.ssh.workdir)} && {take_env}" + ("exec 3<&0 || exit 1; " if guard else ": || exit 1; ")
+    run = shlex.join(role.argv)
     if guard:
-        remote = (cd + f"exec 3<&0; {run} </dev/null & pid=$!; "
+        remote = (prologue + f"{run} </dev/null & pid=$!; "
                   "(cat <&3 >/dev/null 2>&1; kill -TERM $pid 2>/dev/null) >/dev/null 2>&1 & "
                   "wait $pid")
     else:
-        remote = cd + "exec " + run
+        remote = prologue + "exec " + run
     return [*cf.ssh.ssh(), cf.ssh.target(str(host.address)), remote]
+
+
+def ssh_stdin(env: dict[str, str]) -> bytes:
+    """What ssh_argv's remote shell reads first from its stdin: each value on a line, names sorted."""
+    if any("\n" in v for v in env.values()):
+        raise ConfigError("a role's environment value holds a newline; it travels to the host as one line")
+    return "".join(f"{env[k]}\n" for k in sorted(env)).encode()
 
 
 # ---- hosts: where the processes run ---------------------------------------------------------
@@ -399,9 +411,14 @@ class SshHosts:
 
     def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
         cmd = ssh_argv(self.cf, PlannedRole("", host, argv, "", env), guard=True)
-        # stdin: a pipe held open and never written; its end stops the remote role (the guard)
-        return self.supervisor.spawn(f"ssh:{self.cf.hosts[host].name}", cmd, stdin=subprocess.PIPE,
+        # stdin: the environment's values first (the token: never on a command line), then held
+        # open and never written again; its end stops the remote role (the guard)
+        proc = self.supervisor.spawn(f"ssh:{self.cf.hosts[host].name}", cmd, stdin=subprocess.PIPE,
                                      stdout=log, stderr=subprocess.STDOUT).proc
+        assert proc.stdin is not None
+        proc.stdin.write(ssh_stdin(env))
+        proc.stdin.flush()
+        return proc
 
     def wait_listening(self, host: int, port: int, timeout: float) -> None:
         wait_tcp(self.addr(host), port, timeout)
@@ -636,7 +653,8 @@ def dry_run(cf: ClusterFile) -> list[str]:
     lines = []
     for role in plan_roles(cf, addrs, python, scratch, token):
         argv = ssh_argv(cf, role) if cf.launcher == "ssh" else role.argv
-        lines.append(f"# {role.name} on {cf.hosts[role.host].name} ({role.stage})\n{shlex.join(argv)}")
+        given = f"; stdin: {', '.join(sorted(role.env))}, a line each" if cf.launcher == "ssh" and role.env else ""
+        lines.append(f"# {role.name} on {cf.hosts[role.host].name} ({role.stage}{given})\n{shlex.join(argv)}")
     return lines
 
 
