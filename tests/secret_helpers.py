@@ -41,10 +41,13 @@ def environ_values(name: str, pids: Iterable[int]) -> dict[int, str]:
 @dataclass
 class Watch:
     """What the watch saw: the secrets it looked for, the processes whose environment held one,
-    and every command line that held one (must stay empty)."""
+    every command line that held one (must stay empty), and which of the `expect`ed command-line
+    words it met (the job's processes it did scan)."""
     secrets: set[str] = field(default_factory=set)
+    expect: tuple[str, ...] = ()
     holders: set[int] = field(default_factory=set)
     leaks: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
     scans: int = 0
 
     def scan(self, env_name: str | None, pids: Callable[[], Iterable[int]]) -> None:
@@ -54,16 +57,18 @@ class Watch:
             self.secrets |= {v for v in found.values() if v}
         if self.secrets:
             self.scans += 1
-            self.leaks += [f"{pid}: {cmd}" for pid, cmd in cmdlines().items() if any(s in cmd for s in self.secrets)]
+            lines = cmdlines()
+            self.leaks += [f"{pid}: {cmd}" for pid, cmd in lines.items() if any(s in cmd for s in self.secrets)]
+            self.seen |= {word for word in self.expect if any(word in cmd for cmd in lines.values())}
 
 
 def watch_cmdlines(proc: subprocess.Popen, secrets: set[str] = frozenset(), env_name: str | None = None,
-                   pids: Callable[[], Iterable[int]] = lambda: (), timeout: float = 300.0, every_s: float = 0.2,
-                   until: Callable[[], bool] = lambda: False) -> Watch:
+                   pids: Callable[[], Iterable[int]] = lambda: (), expect: tuple[str, ...] = (),
+                   timeout: float = 300.0, every_s: float = 0.2, until: Callable[[], bool] = lambda: False) -> Watch:
     """Scan every command line on the machine for the secrets, and for the values of `env_name` in
     the job's processes (`pids`: not other jobs on a shared machine), until `proc` ends or
     `until()` says so."""
-    watch = Watch(set(secrets))
+    watch = Watch(set(secrets), expect)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and not until() and time.monotonic() < deadline:
         watch.scan(env_name, pids)

@@ -1,7 +1,8 @@
 """Spark standalone across hosts: a master and two workers (Spark's own daemons) on network-namespace
 hosts, the driver on a third host; spark-mllib, spark-barrier and spark-torch (local_mode=false:
 the DDP ranks run in the executors, on the worker hosts) each train and write a run folder. An
-executor killed mid-run ends the run with one clear error, never a hang. Also on loopback."""
+executor killed mid-run ends the run with one clear error, never a hang. Also on loopback. The
+cluster's authentication secret is in no process's command line while they run."""
 from __future__ import annotations
 
 import json
@@ -21,12 +22,15 @@ from psbench.bench.lab.spark_cluster import SparkCluster
 from psbench.core.tables import read_table
 from psbench.systems.common import child_env
 from psbench.systems.spark.session import pyspark_unavailable_reason
+from secret_helpers import watch_cmdlines
 
 REASON = netlab.unavailable_reason() or pyspark_unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.spark,
               pytest.mark.skipif(REASON is not None, reason=f"spark standalone on netns: {REASON}")]
 
 DRIVER = 3
+# every process that takes the secret was scanned: master, worker, executor, the driver's JVM
+SPARK_PROCESSES = ("deploy.master.Master", "deploy.worker.Worker", "CoarseGrainedExecutorBackend", "SparkSubmit")
 # One driver process runs the given systems in turn (the session, started once, is reused): each is
 # "system" or "system:max_steps".
 DRIVER_SCRIPT = """
@@ -85,10 +89,10 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
         runs = "spark-mllib,spark-barrier,spark-torch,spark-barrier:5000"
         proc = lab.exec(DRIVER, driver_argv(sc, lab.addr(DRIVER), runs, results), env=child_env(sc.driver_env()),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 400
-        while len(manifests(results)) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        watch = watch_cmdlines(proc, {sc.token}, expect=SPARK_PROCESSES, timeout=400, every_s=0.5,
+                               until=lambda: len(manifests(results)) >= 3)
         assert proc.poll() is None and len(manifests(results)) == 3, proc.stderr.read()[-3000:] if proc.poll() else ""
+        assert watch.leaks == [] and watch.seen == set(SPARK_PROCESSES), watch
         # each run is its own application: wait for the last one's executors to run Python tasks
         # (a deadline of its own: on a loaded machine the three runs above can take most of theirs)
         deadline = time.monotonic() + 60
@@ -123,9 +127,12 @@ def test_standalone_cluster_on_loopback(tmp_path: Path):
     """The same cluster on 127.0.0.1 (one worker, two slots): the driver stays in this namespace."""
     with SparkCluster(LocalHosts(2), master=0, workers=[1], cores=2) as sc:
         assert sc.url.startswith("spark://127.0.0.1:")
-        run = subprocess.run(driver_argv(sc, "127.0.0.1", "spark-mllib:6", tmp_path / "results"),
-                             env=child_env(sc.driver_env()), capture_output=True, text=True, timeout=240)
-        assert run.returncode == 0, run.stderr[-3000:]
+        run = subprocess.Popen(driver_argv(sc, "127.0.0.1", "spark-mllib:30", tmp_path / "results"),
+                               env=child_env(sc.driver_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watch = watch_cmdlines(run, {sc.token}, expect=SPARK_PROCESSES, timeout=240)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err[-3000:]
+        assert watch.leaks == [] and watch.seen == set(SPARK_PROCESSES), watch
     (run_dir,) = manifests(tmp_path / "results").values()
     assert json.loads((run_dir / "manifest.json").read_text())["extra"]["spark_master"] == sc.url
-    assert len(read_table(run_dir, "steps")) == 12
+    assert len(read_table(run_dir, "steps")) == 60

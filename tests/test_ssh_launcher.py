@@ -20,6 +20,7 @@ from secret_helpers import watch_cmdlines
 REASON = netlab.unavailable_reason() or sshlab.unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(REASON is not None, reason=f"ssh lab: {REASON}")]
 ROOT = Path(__file__).resolve().parent.parent
+ROLES = ("ps-server", "ps-worker", "ps-fetch")  # every remote role's command line was scanned
 
 
 def ssh_cluster_file(path: Path, lab: NetLab, config: Path, steps: int) -> Path:
@@ -55,11 +56,11 @@ def test_ssh_launcher_runs_a_ps_job_on_sshd_hosts_and_copies_the_records_back(tm
                             str(results), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # the launcher makes the job's token; the roles get it in their environment (sent over
         # ssh's stdin): learn it there, and look for it in every command line while the job runs
-        watch = watch_cmdlines(proc, env_name="PSBENCH_PS_TOKEN", timeout=300,
+        watch = watch_cmdlines(proc, env_name="PSBENCH_PS_TOKEN", timeout=300, expect=ROLES,
                                pids=lambda: [p for h in (1, 2, 3) for p in netlab._namespace_pids(lab.ns(h))])
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-2000:] + err[-3000:]
-        assert len(watch.secrets) == 1 and watch.scans > 10, watch
+        assert len(watch.secrets) == 1 and watch.seen == set(ROLES), watch
         assert watch.leaks == []
         assert len(watch.holders) >= 3  # the server and the workers on their hosts (and their shells)
         assert remote_processes(lab, range(1, 4)) == []   # servers shut down, workers exited

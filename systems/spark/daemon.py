@@ -5,6 +5,10 @@ Spark's authentication on when env PSBENCH_SPARK_TOKEN is set: the master, the w
 hosts (--host not loopback; a worker binds its host's address unless --host says otherwise) needs
 the token or an explicit --insecure.
 
+The secret goes to the daemon's JVM in its environment (`_SPARK_AUTH_SECRET`, which Spark's
+SecurityManager reads before its conf, and which a worker hands on to the executors it starts),
+never as a -D option: `ps` shows any process's command line to every local user.
+
     python -m psbench.systems.spark.daemon master --host spark-master --port 7077 --webui-port 8080
     python -m psbench.systems.spark.daemon worker --cores 1 --memory 2g spark://spark-master:7077
 """
@@ -18,6 +22,7 @@ from pathlib import Path
 from psbench.core.errors import ConfigError
 
 CLASSES = {"master": "org.apache.spark.deploy.master.Master", "worker": "org.apache.spark.deploy.worker.Worker"}
+SPARK_SECRET_ENV = "_SPARK_AUTH_SECRET"  # SecurityManager.ENV_AUTH_SECRET: read before spark.authenticate.secret
 
 
 def spark_class() -> str:
@@ -43,9 +48,9 @@ def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[s
                    "set PSBENCH_SPARK_TOKEN (the same on master, workers and driver) or pass --insecure")
     env = dict(environ)
     if token:
-        # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options
-        opts = f"-Dspark.authenticate=true -Dspark.authenticate.secret={token}"
-        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} {opts}".strip()
+        # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options: the switch, not the secret
+        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} -Dspark.authenticate=true".strip()
+        env[SPARK_SECRET_ENV] = token
     return [spark_class(), CLASSES[role], *args], env
 
 
