@@ -14,7 +14,7 @@ import pytest
 from psbench.core.tables import read_table
 
 from psbench.bench.lab.compose_job import Tracker
-from psbench.systems.ps.server import check_exposure, is_loopback
+from psbench.systems.ps.server import check_exposure, is_loopback, read_token
 from psbench.systems.spark import daemon
 from psbench.systems.spark.session import SparkOptions, check_driver_exposure
 from psbench.core.errors import ConfigError
@@ -48,6 +48,33 @@ def test_exposed_server_needs_a_token_or_insecure():
     check_exposure("x", "0.0.0.0", None, True)
     with pytest.raises(ConfigError, match="reachable from other hosts: give a token"):
         check_exposure("x", "0.0.0.0", None, False)
+
+
+def test_a_token_comes_from_a_file_of_its_owners_or_the_environment(tmp_path, monkeypatch):
+    """Never from a command-line value: every local user can read those (ps)."""
+    monkeypatch.setenv("PSBENCH_PS_TOKEN", "from-env")
+    assert read_token(None) == "from-env"
+    path = tmp_path / "token"
+    path.write_text("from-file\nignored\n")
+    path.chmod(0o600)
+    assert read_token(str(path)) == "from-file"
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match=f"token file {path} is readable by other users \\(mode 640\\): chmod 600"):
+        read_token(str(path))
+    path.write_text("\n")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match="is empty"):
+        read_token(str(path))
+    with pytest.raises(ConfigError, match="No such file"):
+        read_token(str(tmp_path / "missing"))
+    # the flag that took the token itself is refused, not taken for --token-file (one line, exit 2)
+    for args in (["ps-server", "--workers", "1", "--lr", "0.1"],
+                 ["ps-worker", "--servers", "127.0.0.1:1", "--worker-id", "0", "--workload", "mlp-digits"]):
+        proc = subprocess.run([sys.executable, "-m", "psbench", *args, "--token", "s3cret"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            "psbench: error: --token takes no value on the command line, where any local user can read it (ps): "
+            "use --token-file FILE (mode 600) or env PSBENCH_PS_TOKEN"], proc.stderr
 
 
 def test_ps_server_cli_refuses_a_non_loopback_bind_without_token():

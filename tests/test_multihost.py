@@ -48,17 +48,18 @@ def test_ps_two_servers_four_workers_on_six_hosts_by_hand(tmp_path: Path):
     """Each server and worker in its own namespace host; workers reach the shards only by their
     198.18 addresses. BSP makes the four workers really train together (every step waits for all)."""
     steps, port = 60, 7000
-    # servers bound beyond loopback require a shared token
-    common = ["--workload", "mlp-digits", "--workers", "4", "--token", "multihost-test"]
+    # servers bound beyond loopback require a shared token (in every role's environment)
+    common = ["--workload", "mlp-digits", "--workers", "4"]
+    token = {"PSBENCH_PS_TOKEN": "multihost-test"}
     with NetLab(hosts=6) as lab:
         lab_id = lab.lab
         roles = [Role(f"server{j}", j, [PY, "-m", "psbench", "ps-server", "--bind", f"{{h{j}}}:{port}", "--shard-id",
                                          str(j), "--servers", "2", "--consistency", "bsp", *common],
-                      daemon=True, ready_port=port) for j in range(2)]
+                      daemon=True, ready_port=port, env=token) for j in range(2)]
         servers = f"{{h0}}:{port},{{h1}}:{port}"
         roles += [Role(f"worker{k}", 2 + k, [PY, "-m", "psbench", "ps-worker", "--servers", servers, "--worker-id", str(k),
                                               *common, "--max-steps", str(steps), "--init",
-                                              "--out", str(tmp_path / f"w{k}.json")]) for k in range(4)]
+                                              "--out", str(tmp_path / f"w{k}.json")], env=token) for k in range(4)]
         results = lab.run_cluster(roles, timeout=240)
         assert len(lab_namespaces(lab_id)) == 7
     assert lab_namespaces(lab_id) == []

@@ -227,7 +227,8 @@ def test_parsers_and_options():
     for bad in [{"consistency": "ssp:x"}, {"consistency": "async"}, {"servers": "0"}, {"servers": "two"},
                 {"mitigation": "dc-asgd:abc"}, {"mitigation": "magic"}, {"lr_scaling": "-1"},
                 {"momentum_scaling": "0.5"}, {"nonfinite": "ignore"},
-                {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token": ""}, {"nope": 1}]:
+                {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token_file": "/nonexistent/token"},
+                {"token": "on-the-command-line"}, {"nope": 1}]:
         with pytest.raises(ConfigError):
             parse_options(PSOptions, bad, "ps")
 

@@ -667,6 +667,7 @@ def ps_fetch(argv: list[str] | None = None) -> int:
 
     from psbench.core.spec import RunSpec
     from psbench.systems.common import prepare
+    from psbench.systems.ps.server import read_token
     from psbench.systems.ps.worker import ADMIN, KVWorker
 
     p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.cluster ps-fetch")
@@ -677,7 +678,7 @@ def ps_fetch(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model = prepare(RunSpec("ps", args.workload, seed=args.seed)).build_model()
     shapes = [tuple(t.shape) for t in model.parameters()]
-    with KVWorker(args.servers.split(","), ADMIN, shapes, os.environ.get("PSBENCH_PS_TOKEN") or None, 60.0) as kv:
+    with KVWorker(args.servers.split(","), ADMIN, shapes, read_token(None), 60.0) as kv:
         params = np.concatenate([a.reshape(-1) for a in kv.state("params")])
         stats = kv.stats()
         kv.shutdown()

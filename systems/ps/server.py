@@ -700,8 +700,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--halt-at-version", type=int, help=argparse.SUPPRESS)  # fault injection for tests
     p.add_argument("--max-message-mb", type=float, default=protocol.DEFAULT_MAX_BYTES / 2**20,
                    help="reject messages larger than this (default 512)")
-    p.add_argument("--token", help="shared token every message must carry (or env PSBENCH_PS_TOKEN); "
-                                   "required when --bind is not a loopback address")
+    add_token_argument(p, "the shared token every message must carry; required when --bind is not a loopback "
+                          "address")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --bind without a token (anyone who reaches the port can train)")
     p.add_argument("--control", help=argparse.SUPPRESS)  # the launcher's control socket
@@ -760,7 +760,42 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-PS_REMEDY = "give a token (--token or env PSBENCH_PS_TOKEN), or --insecure to accept any client"
+TOKEN_ENV = "PSBENCH_PS_TOKEN"
+PS_REMEDY = f"give a token (--token-file FILE or env {TOKEN_ENV}), or --insecure to accept any client"
+
+
+def add_token_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--token-file", metavar="FILE", help=f"{what}: read from FILE (its first line; readable by its "
+                   f"owner only), else env {TOKEN_ENV}; never a command-line value, which any local user can read")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # caught, so that it is not taken for --token-file
+
+
+def token_from_args(args: argparse.Namespace) -> str | None:
+    from psbench.core.errors import ConfigError
+
+    if args.token is not None:
+        raise ConfigError(f"--token takes no value on the command line, where any local user can read it (ps): "
+                          f"use --token-file FILE (mode 600) or env {TOKEN_ENV}")
+    return read_token(args.token_file)
+
+
+def read_token(path: str | None) -> str | None:
+    """The job's token: the first line of `path` (which no one but its owner may read), else env
+    PSBENCH_PS_TOKEN, else None."""
+    from psbench.core.errors import ConfigError
+
+    if path is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        mode = os.stat(path).st_mode
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"token file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ConfigError(f"token file {path} is readable by other users (mode {mode & 0o777:o}): chmod 600 {path}")
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"token file {path} is empty: its first line is the token")
+    return lines[0].strip()
 
 
 def check_exposure(what: str, host: str, token: str | bool | None, insecure: bool, remedy: str = PS_REMEDY) -> None:
@@ -777,7 +812,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     host, port = split_address(args.bind)
-    token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    token = token_from_args(args)
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
     shard = shard_from_args(args)
     watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
