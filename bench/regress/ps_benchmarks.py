@@ -15,6 +15,7 @@ far as it can. Run all: `python -m psbench.bench.regress.ps_benchmarks` (prints 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,6 +25,23 @@ from typing import Any, Iterator
 import numpy as np
 
 MB = 2**20
+# Tests only: the PS side of ratio_asp_vs_single_interleaved loses this fraction of its throughput
+# (each burst sleeps in proportion to its own time), as a slower PS would; the gate must see it.
+SLOWDOWN_ENV = "PSBENCH_REGRESS_PS_SLOWDOWN"
+
+
+def injected_slowdown() -> float:
+    """The fraction of the PS side's throughput to take away (0: none), from SLOWDOWN_ENV."""
+    from psbench.core.errors import ConfigError
+
+    raw = os.environ.get(SLOWDOWN_ENV, "").strip()
+    try:
+        value = float(raw or 0)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise ConfigError(f"{SLOWDOWN_ENV}={raw!r}: a fraction of throughput in [0, 1), e.g. 0.2")
+    return value
 
 
 # ---- (a) the wire against raw pyzmq ------------------------------------------------------------
@@ -194,6 +212,7 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
     from psbench.systems.ps.worker import ADMIN, KVWorker, Trainer
 
     configure_threads(1)
+    slowdown = injected_slowdown()
     out: dict[str, float] = {}
     for workload in workloads:
         prep = prepare(RunSpec(system="ps", workload=workload, workers=1, epochs=1000))
@@ -219,6 +238,8 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
                 forward_backward(trainer.model, trainer.loss_fn, x, y, trainer.grad_views[0])
                 trainer.exchange(trainer.push(step, 0))
                 step += 1
+            if slowdown:  # the burst takes 1 / (1 - slowdown) of its time: throughput x (1 - slowdown)
+                time.sleep((time.perf_counter() - t) * slowdown / (1 - slowdown))
             return time.perf_counter() - t
 
         def echo_step(n: int) -> float:  # the PS worker's step, with a raw echo for push and answer
