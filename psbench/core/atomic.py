@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import pandas as pd
+
 from psbench.core.supervisor import pid_alive
 
 STAGING_PREFIX = ".staging-"
 OLD_PREFIX = ".old-"
-
-import pandas as pd
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
