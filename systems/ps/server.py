@@ -691,8 +691,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-timeout-s", type=float, default=None,
                    help="SSP stops waiting for a worker silent this long (default: never)")
     p.add_argument("--nonfinite", default="reject", choices=NONFINITE_MODES,
-                   help="a push whose gradient holds NaN or inf: reject (error reply naming the key; default) "
-                        "or skip (answered, not applied; counted as nonfinite in stats, a refusal only in its error log)")
+                   help="a push whose gradient holds NaN or inf: reject (error reply naming the key; default; "
+                        "in the error log) or skip (answered, not applied; counted as nonfinite in stats)")
     p.add_argument("--checkpoint-dir", help="write shard checkpoints here (params, momentum, version)")
     p.add_argument("--checkpoint-every", default="100",
                    help="checkpoint interval: updates (e.g. 100) or seconds (e.g. 5s); default 100")
