@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 import psbench.bench.regress.check as regress
+from psbench.core.errors import ConfigError
 from psbench.bench.cli import main
 from psbench.bench.regress.check import (DEFAULT_BASELINE, RATIO_BENCHMARKS, Measured, Ratio, ToleranceRule, compare,
                                          load_baseline, resolve, spread, updated_baseline)
@@ -108,6 +109,9 @@ def test_a_metrics_tolerance_is_a_multiple_of_its_spread_with_a_floor():
     assert rule.tolerance([1.0, 1.1, 0.9, 1.2, 0.8]) == pytest.approx(0.4)  # noisy: wide
     assert rule.tolerance([2.0, 2.02, 1.98, 2.0, 2.01]) == 0.1  # lucky-tight: the floor, not 0.04
     assert rule.tolerance([3.0]) == 0.1 and spread([]) == 0.0
+    assert ToleranceRule.of({"tolerance_rule": {"mads": 3, "floor": 0.2}}) == ToleranceRule(3, 0.2)
+    with pytest.raises(ConfigError, match="tolerance_rule is"):
+        ToleranceRule.of({"tolerance_rule": {"sigmas": 3}})
     # from a baseline run: a steady metric flags a 20% drop, a noisy one (its repeats 30% apart) does not
     measured = {"x.steady": Measured(1.0, True, (1.0, 1.01, 0.99, 1.0, 1.02)),
                 "x.noisy": Measured(1.0, True, (1.0, 1.1, 0.9, 1.3, 0.7))}

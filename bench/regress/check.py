@@ -61,7 +61,11 @@ class ToleranceRule:
 
     @classmethod
     def of(cls, baseline: dict[str, Any] | None) -> "ToleranceRule":
-        return cls(**(baseline or {}).get("tolerance_rule", {}))
+        raw = (baseline or {}).get("tolerance_rule", {})
+        if not (isinstance(raw, dict) and set(raw) <= {"mads", "floor"}
+                and all(isinstance(v, (int, float)) and v > 0 for v in raw.values())):
+            raise ConfigError(f"a baseline's tolerance_rule is {{'mads': > 0, 'floor': > 0}}, got {raw!r}")
+        return cls(**raw)
 
 
 def spread(samples: tuple[float, ...] | list[float]) -> float:
