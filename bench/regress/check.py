@@ -242,7 +242,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "overriding the baseline's per-metric tolerance (e.g. 0.25) in this check only")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"runs per benchmark, median kept "
                    f"(default {DEFAULT_REPEATS})")
-    p.add_argument("--update-baseline", action="store_true", help="write the measured medians into the baseline")
+    p.add_argument("--update-baseline", action="store_true", help="write the measured medians into the baseline, "
+                   "each with its repeats, their spread and the tolerance the baseline's tolerance_rule gives it")
     p.add_argument("--only", action="append", metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(RATIO_BENCHMARKS)}")
 
