@@ -14,7 +14,7 @@ import pytest
 from psbench.core.tables import read_table
 
 from psbench.bench.lab.compose_job import Tracker
-from psbench.systems.ps.server import check_exposure, is_loopback
+from psbench.systems.ps.server import check_exposure, is_loopback, read_token
 from psbench.systems.spark import daemon
 from psbench.systems.spark.session import SparkOptions, check_driver_exposure
 from psbench.core.errors import ConfigError
@@ -50,6 +50,33 @@ def test_exposed_server_needs_a_token_or_insecure():
         check_exposure("x", "0.0.0.0", None, False)
 
 
+def test_a_token_comes_from_a_file_of_its_owners_or_the_environment(tmp_path, monkeypatch):
+    """Never from a command-line value: every local user can read those (ps)."""
+    monkeypatch.setenv("PSBENCH_PS_TOKEN", "from-env")
+    assert read_token(None) == "from-env"
+    path = tmp_path / "token"
+    path.write_text("from-file\nignored\n")
+    path.chmod(0o600)
+    assert read_token(str(path)) == "from-file"
+    path.chmod(0o640)
+    with pytest.raises(ConfigError, match=f"token file {path} is readable by other users \\(mode 640\\): chmod 600"):
+        read_token(str(path))
+    path.write_text("\n")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match="is empty"):
+        read_token(str(path))
+    with pytest.raises(ConfigError, match="No such file"):
+        read_token(str(tmp_path / "missing"))
+    # the flag that took the token itself is refused, not taken for --token-file (one line, exit 2)
+    for args in (["ps-server", "--workers", "1", "--lr", "0.1"],
+                 ["ps-worker", "--servers", "127.0.0.1:1", "--worker-id", "0", "--workload", "mlp-digits"]):
+        proc = subprocess.run([sys.executable, "-m", "psbench", *args, "--token", "s3cret"],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            "psbench: error: --token takes no value on the command line, where any local user can read it (ps): "
+            "use --token-file FILE (mode 600) or env PSBENCH_PS_TOKEN"], proc.stderr
+
+
 def test_ps_server_cli_refuses_a_non_loopback_bind_without_token():
     env = {k: v for k, v in os.environ.items() if k != "PSBENCH_PS_TOKEN"}
     proc = subprocess.run([sys.executable, "-m", "psbench", "ps-server", "--bind", "0.0.0.0:0", "--workers", "1",
@@ -67,7 +94,8 @@ def test_spark_driver_beyond_loopback_needs_a_token():
         check_driver_exposure(conf, insecure=False)
     check_driver_exposure(conf, insecure=True)
     with_token = opts.driver_conf("s3cret")
-    assert with_token["spark.authenticate"] == "true" and with_token["spark.authenticate.secret"] == "s3cret"
+    # the secret itself never goes into the conf pyspark puts on spark-submit's command line
+    assert with_token["spark.authenticate"] == "true" and "s3cret" not in with_token.values()
     check_driver_exposure(with_token, insecure=False)
     check_driver_exposure(SparkOptions().driver_conf(None), insecure=False)  # the default: 127.0.0.1
     # spark_conf still has the last word, and is checked the same way
@@ -84,7 +112,8 @@ def test_spark_daemon_command():
     argv, env = daemon.command(["master", "--host", "spark-master", "--port", "7077"], {"PSBENCH_SPARK_TOKEN": "t"})
     assert argv[0].endswith("spark-class") and argv[1:] == [daemon.CLASSES["master"], "--host", "spark-master",
                                                              "--port", "7077"]
-    assert env["SPARK_DAEMON_JAVA_OPTS"] == "-Dspark.authenticate=true -Dspark.authenticate.secret=t"
+    assert env["SPARK_DAEMON_JAVA_OPTS"] == "-Dspark.authenticate=true" and env["_SPARK_AUTH_SECRET"] == "t"
+    assert not any("t" == a or "secret" in a for a in argv)
     argv, env = daemon.command(["worker", "--insecure", "spark://m:7077"], {})
     assert argv[1:] == [daemon.CLASSES["worker"], "spark://m:7077"] and "SPARK_DAEMON_JAVA_OPTS" not in env
     daemon.command(["master", "--host", "127.0.0.1"], {})  # loopback needs nothing

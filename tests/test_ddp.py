@@ -101,3 +101,35 @@ def test_ranks_are_forked_by_one_zygote_and_leave_when_their_launcher_is_killed(
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def _non_loopback_ipv4() -> str | None:
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family.name == "AF_INET" and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def test_a_master_addr_beyond_loopback_needs_insecure_and_the_manifest_records_it(tmp_path, capsys):
+    """torch's TCPStore and gloo take any connection: bound beyond loopback, a run refuses to start
+    (one line, exit 2) unless --insecure true says so, and then its manifest says it ran so."""
+    import json
+
+    from psbench.bench.cli import main
+
+    args = ["run", "--system", "ddp", "-np", "2", "--workload", "mlp-digits", "--max-steps", "5",
+            "--results-dir", str(tmp_path), "--suite", "s", "--no-progress"]
+    assert main([*args, "--master-addr", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["psbench: error: ddp's rendezvous store (--master-addr) binds 0.0.0.0, which is reachable from "
+                   "other hosts: torch's rendezvous store and gloo have no authentication: pass --insecure true to "
+                   "accept any client (recorded in the manifest)"]
+    assert not (tmp_path / "s").exists()
+    address = _non_loopback_ipv4()
+    if address is None:
+        pytest.skip("this machine has no IPv4 address beyond loopback to bind the store to")
+    assert main([*args, "--master-addr", address, "--insecure", "true"]) == 0
+    [manifest] = [json.loads(p.read_text()) for p in (tmp_path / "s").glob("*/manifest.json")]
+    assert manifest["spec"]["options"]["insecure"] == "true"
+    assert manifest["extra"]["ddp_store"] == {"master_addr": address, "auth": "insecure"}

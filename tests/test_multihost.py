@@ -48,17 +48,18 @@ def test_ps_two_servers_four_workers_on_six_hosts_by_hand(tmp_path: Path):
     """Each server and worker in its own namespace host; workers reach the shards only by their
     198.18 addresses. BSP makes the four workers really train together (every step waits for all)."""
     steps, port = 60, 7000
-    # servers bound beyond loopback require a shared token
-    common = ["--workload", "mlp-digits", "--workers", "4", "--token", "multihost-test"]
+    # servers bound beyond loopback require a shared token (in every role's environment)
+    common = ["--workload", "mlp-digits", "--workers", "4"]
+    token = {"PSBENCH_PS_TOKEN": "multihost-test"}
     with NetLab(hosts=6) as lab:
         lab_id = lab.lab
         roles = [Role(f"server{j}", j, [PY, "-m", "psbench", "ps-server", "--bind", f"{{h{j}}}:{port}", "--shard-id",
                                          str(j), "--servers", "2", "--consistency", "bsp", *common],
-                      daemon=True, ready_port=port) for j in range(2)]
+                      daemon=True, ready_port=port, env=token) for j in range(2)]
         servers = f"{{h0}}:{port},{{h1}}:{port}"
         roles += [Role(f"worker{k}", 2 + k, [PY, "-m", "psbench", "ps-worker", "--servers", servers, "--worker-id", str(k),
                                               *common, "--max-steps", str(steps), "--init",
-                                              "--out", str(tmp_path / f"w{k}.json")]) for k in range(4)]
+                                              "--out", str(tmp_path / f"w{k}.json")], env=token) for k in range(4)]
         results = lab.run_cluster(roles, timeout=240)
         assert len(lab_namespaces(lab_id)) == 7
     assert lab_namespaces(lab_id) == []
@@ -89,6 +90,8 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
         system = "ddp"
         workload = "mlp-digits"
         max_steps = 60
+        [run.options]
+        insecure = true
         [[hosts]]
         name = "n0"
         roles = ["worker"]
@@ -107,7 +110,7 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
     manifest = json.loads((run_dir / "manifest.json").read_text())
     hosts = manifest["extra"]["cluster"]["hosts"]
     assert [h["address"].startswith("198.18.") for h in hosts] == [True] * 3
-    assert manifest["spec"]["options"] == {"launcher": "netns", "caps": "n1=200"}
+    assert manifest["spec"]["options"] == {"insecure": True, "launcher": "netns", "caps": "n1=200"}
     steps = read_table(run_dir, "steps")
     assert steps.groupby("worker")["step"].count().to_dict() == {0: 60, 1: 60, 2: 60}
     evals = read_table(run_dir, "evals")
@@ -125,6 +128,8 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
         system = "ddp"
         workload = "mlp-digits"
         max_steps = 30
+        [run.options]
+        insecure = true
         [[hosts]]
         roles = ["worker"]
         [[hosts]]
@@ -215,6 +220,8 @@ def test_roles_and_counts_come_from_the_hosts():
 
 def test_ddp_nodes_get_rank_and_master():
     cf = parse("""
+        [run.options]
+        insecure = true
         [[hosts]]
         roles = ["worker", "worker"]
         [[hosts]]
@@ -229,6 +236,17 @@ def test_ddp_nodes_get_rank_and_master():
     for flag, value in [("--master-addr", "198.18.0.1"), ("--nnodes", "2"), ("--node-rank", "1"), ("--workers", "4")]:
         assert argv[argv.index(flag) + 1] == value
     assert roles[0].env == {"GLOO_SOCKET_IFNAME": "veth0"}
+    assert argv[argv.index("--insecure") + 1] == "True"
+
+
+@pytest.mark.parametrize("launcher", ["netns", "ssh"])
+def test_ddp_across_hosts_needs_insecure(launcher: str):
+    """The nodes' rendezvous store and gloo listen on a host address without authentication."""
+    hosts = '[[hosts]]\naddress = "198.18.0.1"\nroles = ["worker"]\n[[hosts]]\naddress = "198.18.0.2"\nroles = ["worker"]\n'
+    with pytest.raises(ConfigError, match="set insecure = true in \\[run.options\\]"):
+        parse(hosts, launcher=launcher, system="ddp")
+    assert parse('[run.options]\ninsecure = true\n' + hosts, launcher=launcher, system="ddp").spec.options["insecure"]
+    parse(hosts, launcher="local", system="ddp")  # 127.0.0.1: nothing to opt in to
 
 
 @pytest.mark.parametrize("text, message", [
@@ -274,8 +292,11 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
     assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
-    assert argv[6].startswith("cd '/opt/psbench dir' && exec env PSBENCH_PS_TOKEN=t0k .venv/bin/python -m psbench "
-                              "ps-worker --servers 10.1.0.1:29500 --worker-id 0")
+    # the token is read from the session's stdin, never part of the command (ps shows it on both ends)
+    assert argv[6].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
+                              ": || exit 1; exec .venv/bin/python -m psbench ps-worker --servers 10.1.0.1:29500 "
+                              "--worker-id 0")
+    assert not any("t0k" in a for a in argv) and cluster.ssh_stdin(roles[1].env) == b"t0k\n"
     # running it for real is tests/test_ssh_launcher.py (sshd in namespace hosts); never 10.x here
     from psbench.bench.cli import main
 

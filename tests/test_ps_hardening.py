@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from psbench.systems.ps import protocol
-from psbench.systems.ps.server import Shard
+from psbench.systems.ps.server import ERROR_LOG_KEEP, Shard
 from psbench.systems.ps.worker import KVWorker
 
 G = np.ones(3, np.float32)
@@ -41,6 +41,11 @@ def make_shard(consistency: str = "asp", n: int = 2, **kw) -> Shard:
     return shard
 
 
+def counters(shard: Shard) -> dict:
+    """The shard's stats without its error log and clocks: what no rejected message may change."""
+    return {k: v for k, v in shard.stats().items() if k not in ("error_log", "last_error", "idle_s")}
+
+
 def state_of(shard: Shard) -> tuple:
     return (shard.version, [shard.params[k].tobytes() for k in shard.keys],
             [shard.momentum[k].tobytes() for k in shard.keys] if shard.momentum else None)
@@ -54,7 +59,7 @@ def test_a_nonfinite_gradient_is_rejected_naming_its_key_and_changes_nothing(bad
     send(shard, b"admin", "init", -1, arrays=[np.zeros(3, np.float32), np.ones(2, np.float32)], rid=0)
     send(shard, b"a", "push", 0, arrays=[G, np.ones(2, np.float32)], want_params=True, rid=1)  # one good update
     replies(shard)
-    before = state_of(shard)
+    before, counted = state_of(shard), counters(shard)
     grad = np.ones(2, np.float32)
     grad[1] = bad
     send(shard, b"a", "push", 0, step=1, arrays=[G, grad], want_params=True, rid=2)
@@ -62,8 +67,12 @@ def test_a_nonfinite_gradient_is_rejected_naming_its_key_and_changes_nothing(bad
     assert reply.op == "error" and reply.extra["rid"] == 2
     assert "key 1" in reply.extra["error"] and "NaN or inf" in reply.extra["error"]
     assert state_of(shard) == before  # params, momentum and version as they were
-    stats = shard.stats()
-    assert stats["nonfinite"] == 1 and stats["applied"] == 1
+    # no counter moved (nonfinite counts pushes skipped under --nonfinite skip, which were answered):
+    # the refusal is in the error log
+    assert counters(shard) == counted and counted["nonfinite"] == 0 and counted["applied"] == 1
+    log = shard.stats()["error_log"]
+    assert log["rejected"] == 1 and log["recent"] == [{"kind": "rejected", "worker": 0, "op": "push",
+                                                       "error": reply.extra["error"]}]
     # not marked done: the same request id with a finite gradient is a new push and is applied
     send(shard, b"a", "push", 0, step=1, arrays=[G, np.ones(2, np.float32)], want_params=True, rid=2)
     [reply] = replies(shard)
@@ -141,7 +150,8 @@ def test_a_retry_of_a_push_bsp_timed_out_on_gets_the_same_error_not_a_new_step()
     [again] = replies(shard)
     assert again.op == "error" and again.extra == timed_out.extra and again.extra["rid"] == 1
     assert shard.policy.waiting_requests() == [] and state_of(shard) == before
-    assert shard.stats()["duplicates"] == 1 and shard.stats()["errors"] == 1
+    log = shard.stats()["error_log"]
+    assert shard.stats()["duplicates"] == 1 and (log["timed_out"], log["rejected"]) == (1, 0)
     send(shard, b"a", "push", 0, arrays=[G], want_params=True, rid=2)  # a new request: a new step
     assert replies(shard) == [] and [r.rid for r in shard.policy.waiting_requests()] == [2]
 
@@ -163,6 +173,65 @@ def test_a_duplicate_answer_carries_the_staleness_it_was_applied_with():
     send(shard, b"a3", "push", 0, arrays=[G], rid=2)  # an older one: its staleness is not known
     dup = replies(shard)[-1]
     assert dup.op == "ok" and dup.extra["rid"] == 2 and "staleness" not in dup.extra
+
+
+def test_no_rejected_message_changes_a_counter_and_the_error_log_is_bounded():
+    """Every kind of refusal, and more of them than the log keeps: the stats' counters stay as they
+    were; the error log has how many there were and the newest ERROR_LOG_KEEP of them."""
+    shard = make_shard("bsp", n=2, momentum=0.9)
+    send(shard, b"a", "push", 0, arrays=[G], want_params=True, rid=1)  # held: the step waits for worker 1
+    before, counted = state_of(shard), counters(shard)
+    bad = [("push", 0, {"arrays": [np.ones(4, np.float32)]}),                 # wrong shape
+           ("push", 0, {"arrays": [np.array([0, np.nan, 0], np.float32)]}),   # non-finite
+           ("push", 0, {"arrays": [G], "step": 9}),                           # ahead of its clock
+           ("push", 0, {"arrays": [G], "rid": 2}),                            # pushed twice in one bsp step
+           ("push", -1, {"arrays": [G]}), ("push", 7, {"arrays": [G]}),       # admin / unknown worker
+           ("init", 0, {"arrays": [G], "if_absent": True}), ("stats", 1, {}), ("shutdown", 0, {}),  # admin's
+           ("pull", 0, {"want_keys": [5]}), ("state", -1, {"slot": "grads"}), ("register", 0, {"nonce": "n"})]
+    rounds = ERROR_LOG_KEEP // len(bad) + 1
+    for _ in range(rounds):
+        for op, worker, extra in bad:
+            send(shard, b"x", op, worker, **extra)
+    assert [m.op for m in replies(shard)] == ["error"] * (rounds * len(bad))
+    assert state_of(shard) == before and counters(shard) == counted and not shard.stopping
+    log = shard.stats()["error_log"]
+    assert log["rejected"] == rounds * len(bad) and len(log["recent"]) == ERROR_LOG_KEEP
+    assert [e["op"] for e in log["recent"][-len(bad):]] == [op for op, _, _ in bad]
+
+
+def test_init_stats_and_shutdown_come_from_the_admin_only():
+    shard = make_shard("asp", n=2)
+    before = state_of(shard)
+    for op, extra in (("init", {"arrays": [G], "if_absent": True}), ("stats", {}), ("shutdown", {})):
+        send(shard, b"w", op, 1, rid=3, **extra)
+        [reply] = replies(shard)
+        assert reply.op == "error" and reply.extra["rid"] == 3
+        assert reply.extra["error"] == f"{op} is the launcher's request: it comes from worker -1 (admin), got worker 1"
+    assert state_of(shard) == before and not shard.stopping and 1 not in shard.last_seen
+    send(shard, b"admin", "stats", -1)
+    send(shard, b"admin", "shutdown", -1)
+    assert [m.op for m in replies(shard)] == ["ok", "ok"] and shard.stopping
+
+
+def test_a_shard_with_a_token_takes_admin_requests_from_the_admin_carrying_it():
+    """Over the socket: a worker id with the right token cannot stop the shard, nor the admin id
+    without the token; the admin with it can."""
+    from psbench.systems.ps.launch import Cluster
+    from psbench.systems.ps.worker import ADMIN
+
+    with Cluster(1, 1, "t0k") as cluster:
+        [address] = cluster.start_servers(["--lr", "0.1"])
+        with KVWorker([address], 0, [(3,)], "t0k", timeout_s=10) as worker:
+            with pytest.raises(protocol.PSError, match="shutdown is the launcher's request"):
+                worker.shutdown()
+        with KVWorker([address], ADMIN, [(3,)], "guess", timeout_s=10) as stranger:
+            with pytest.raises(protocol.PSError, match="wrong token"):
+                stranger.shutdown()
+        assert cluster.children[0].proc.poll() is None  # still serving
+        with KVWorker([address], ADMIN, [(3,)], "t0k", timeout_s=10) as admin:
+            assert admin.stats()[0]["error_log"]["rejected"] == 2
+            admin.shutdown()
+        cluster.wait_servers()
 
 
 # ---- steps and versions from clients ---------------------------------------------------------------

@@ -232,7 +232,8 @@ def test_parsers_and_options():
     for bad in [{"consistency": "ssp:x"}, {"consistency": "async"}, {"servers": "0"}, {"servers": "two"},
                 {"mitigation": "dc-asgd:abc"}, {"mitigation": "magic"}, {"lr_scaling": "-1"},
                 {"momentum_scaling": "1.5"}, {"nonfinite": "ignore"},
-                {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token": ""}, {"nope": 1}]:
+                {"host": "10.0.0.1"}, {"host": "0.0.0.0"}, {"step_timeout_s": "0"}, {"token_file": "/nonexistent/token"},
+                {"token": "on-the-command-line"}, {"nope": 1}]:
         with pytest.raises(ConfigError):
             parse_options(PSOptions, bad, "ps")
 
@@ -309,7 +310,7 @@ def test_bad_push_is_rejected_and_leaves_state_unchanged():
     assert [m.op for _, m in out] == ["error"] * 4
     assert "does not match the registered" in out[0][1].extra["error"]
     np.testing.assert_array_equal(shard.params[0], before)
-    assert shard.version == 0 and shard.n_errors == 4
+    assert shard.version == 0 and shard.error_log.report()["rejected"] == 4
 
 
 def test_shard_dc_asgd_uses_the_params_the_worker_pulled():
@@ -353,7 +354,7 @@ def test_pipelined_push_counts_staleness_and_dc_asgd_from_the_version_it_names()
     np.testing.assert_allclose(last.arrays[0], np.array([-1, -2, 1]) - np.array([-1, -14, 1]))
     # a version never sent to this worker falls back to the last send (v2): staleness 0, no error
     send(shard, b"a", "push", 0, arrays=[g], want_params=True, based_on=99)
-    assert replies(shard)[-1][1].extra["staleness"] == 0 and shard.n_errors == 0
+    assert replies(shard)[-1][1].extra["staleness"] == 0 and not shard.error_log.recent
 
 
 def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
@@ -367,7 +368,7 @@ def test_pipelined_push_is_refused_outside_asp_and_when_malformed():
         send(shard, b"a", "push", 0, arrays=[np.ones(3, np.float32)], based_on=bad)
         [(_, msg)] = replies(shard)
         assert msg.op == "error" and "based_on" in msg.extra["error"]
-    assert shard.version == 0 and shard.n_errors == 4
+    assert shard.version == 0 and shard.error_log.report()["rejected"] == 4
     with pytest.raises(ConfigError, match="pipeline needs consistency asp"):
         parse_options(PSOptions, {"consistency": "bsp", "pipeline": "true"}, "ps")
     assert parse_options(PSOptions, {"consistency": "asp", "pipeline": "true"}, "ps").pipeline is True

@@ -11,7 +11,7 @@ import zmq
 
 from psbench.systems.ps import protocol
 from psbench.systems.ps.launch import Cluster
-from psbench.systems.ps.worker import KVWorker
+from psbench.systems.ps.worker import ADMIN, KVWorker
 
 TOKEN = "s3cret"
 SHAPES = [(4, 3), (3,)]
@@ -31,8 +31,8 @@ def test_server_rejects_bad_frames_and_keeps_serving():
     with Cluster(1, 1, TOKEN) as cluster:
         [address] = cluster.start_servers(["--lr", "0.5", "--momentum", "0.9", "--max-message-mb", "1"])
         server_pid = cluster.children[0].proc.pid
-        with KVWorker([address], 0, SHAPES, TOKEN) as kv:
-            kv.init([np.ones(s, np.float32) for s in SHAPES])
+        with KVWorker([address], ADMIN, SHAPES, TOKEN) as admin, KVWorker([address], 0, SHAPES, TOKEN) as kv:
+            admin.init([np.ones(s, np.float32) for s in SHAPES])
             before = checksum(kv)
             sock = zmq.Context.instance().socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -63,10 +63,10 @@ def test_server_rejects_bad_frames_and_keeps_serving():
             reply = kv.push([0, 1], grads, want_params=True)
             assert reply.version == 1
             np.testing.assert_allclose(reply.params[0], 0.5)  # 1 - 0.5 * 1
-            stats = kv.stats()[0]
-            assert stats["errors"] == len(bad) and stats["applied"] == 1
+            stats = admin.stats()[0]
+            assert stats["error_log"]["rejected"] == len(bad) and stats["applied"] == 1
             sock.close()
-            kv.shutdown()
+            admin.shutdown()
         cluster.wait_servers()
         assert cluster.children[0].proc.returncode == 0
     assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == psutil.STATUS_ZOMBIE

@@ -7,8 +7,10 @@ import textwrap
 import pytest
 
 import psbench.bench.regress.check as regress
+from psbench.core.errors import ConfigError
 from psbench.bench.cli import main
-from psbench.bench.regress.check import DEFAULT_BASELINE, RATIO_BENCHMARKS, Measured, Ratio, compare, load_baseline, resolve
+from psbench.bench.regress.check import (DEFAULT_BASELINE, RATIO_BENCHMARKS, Measured, Ratio, ToleranceRule, compare,
+                                         load_baseline, resolve, spread, updated_baseline)
 
 BASE = {"default_tolerance": 0.25, "metrics": {
     "ps.samples_vs_single": {"value": 2.0, "tolerance": 0.25},
@@ -81,8 +83,13 @@ def test_cli_passes_within_tolerance_and_updates_the_baseline(fake_benchmark, mo
     data = load_baseline(fake_benchmark)
     assert data["metrics"]["fake.throughput.vs_single"]["value"] == pytest.approx(1.8)
     assert data["metrics"]["fake.latency.vs_zmq"]["higher_is_better"] is False
-    assert data["metrics"]["fake.throughput.vs_single"]["tolerance"] == 0.25  # kept
+    # the tolerance now comes from the repeats' spread: none here (the same value each time), so the floor
+    assert data["tolerance_rule"] == {"mads": 4.0, "floor": 0.1}
+    assert data["metrics"]["fake.throughput.vs_single"]["spread"] == 0.0
+    assert data["metrics"]["fake.throughput.vs_single"]["tolerance"] == 0.1
     assert data["machine"]["cores"] >= 1
+    assert main(["regress", "--only", "fake", "--baseline", str(fake_benchmark), "--update-baseline",
+                 "--tolerance", "0.3"]) == 2  # a baseline's tolerances are measured, not given
 
 
 def test_bad_input_is_a_clear_error(fake_benchmark, tmp_path, capsys):
@@ -94,6 +101,73 @@ def test_bad_input_is_a_clear_error(fake_benchmark, tmp_path, capsys):
     assert "corrupt baseline" in capsys.readouterr().err
     assert main(["regress", "--only", "fake", "--baseline", str(tmp_path / "missing.json")]) == 2
     assert "--update-baseline" in capsys.readouterr().err
+
+
+def test_a_metrics_tolerance_is_a_multiple_of_its_spread_with_a_floor():
+    rule = ToleranceRule(mads=4.0, floor=0.1)
+    assert spread([1.0, 1.1, 0.9, 1.2, 0.8]) == pytest.approx(0.1)  # MAD 0.1 over the median 1.0
+    assert rule.tolerance([1.0, 1.1, 0.9, 1.2, 0.8]) == pytest.approx(0.4)  # noisy: wide
+    assert rule.tolerance([2.0, 2.02, 1.98, 2.0, 2.01]) == 0.1  # lucky-tight: the floor, not 0.04
+    assert rule.tolerance([3.0]) == 0.1 and spread([]) == 0.0
+    assert ToleranceRule.of({"tolerance_rule": {"mads": 3, "floor": 0.2}}) == ToleranceRule(3, 0.2)
+    with pytest.raises(ConfigError, match="tolerance_rule is"):
+        ToleranceRule.of({"tolerance_rule": {"sigmas": 3}})
+    # from a baseline run: a steady metric flags a 20% drop, a noisy one (its repeats 30% apart) does not
+    measured = {"x.steady": Measured(1.0, True, (1.0, 1.01, 0.99, 1.0, 1.02)),
+                "x.noisy": Measured(1.0, True, (1.0, 1.1, 0.9, 1.3, 0.7))}
+    baseline = updated_baseline(None, measured, quick=True)
+    assert [baseline["metrics"][m]["tolerance"] for m in ("x.steady", "x.noisy")] == [0.1, 0.4]
+    rows = compare(baseline, {"x.steady": 0.8, "x.noisy": 0.8})
+    assert status(rows, "x.steady") == "REGRESSION" and status(rows, "x.noisy") == "ok"
+
+
+def test_the_committed_baseline_follows_its_tolerance_rule():
+    """Every tolerance in the committed baseline is the rule applied to that metric's own repeats
+    (none set by hand), and the PS path's steady metrics are tight enough to see a 20% slow-down."""
+    baseline = load_baseline(DEFAULT_BASELINE)
+    rule = ToleranceRule.of(baseline)
+    assert "tolerance_rule" in baseline and rule.floor < 0.2
+    for name, m in baseline["metrics"].items():
+        assert len(m["samples"]) >= 5, name
+        assert m["spread"] == round(spread(m["samples"]), 4) and m["tolerance"] == rule.tolerance(m["samples"]), name
+    assert min(baseline["metrics"][f"ps.asp1_vs_echo_{w}"]["tolerance"] for w in ("cnn_mnist1d", "mlp_digits")) < 0.15
+
+
+def test_a_20_percent_ps_slowdown_fails_the_check_and_an_unchanged_run_passes(tmp_path, monkeypatch, capsys):
+    """A baseline of the ps benchmark measured here and now (the committed baseline's rule, so this
+    machine's state today is on both sides); then the PS side made 20% slower
+    (PSBENCH_REGRESS_PS_SLOWDOWN, tests only) fails `psbench regress`, and the same benchmark
+    unchanged passes. (`make regress` checks against the committed baseline.)"""
+    from psbench.bench.regress.ps_benchmarks import SLOWDOWN_ENV
+
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"tolerance_rule": load_baseline(DEFAULT_BASELINE)["tolerance_rule"], "metrics": {}}))
+    check = ["regress", "--only", "ps", "--quick", "--baseline", str(baseline)]
+    assert main([*check, "--update-baseline"]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv(SLOWDOWN_ENV, "0.2")
+    assert main(check) == 1
+    out, err = capsys.readouterr()
+    slowed = _measured_rows(out)
+    flagged = {m for m, (_, state) in slowed.items() if state == "REGRESSION"}
+    assert flagged and flagged <= {m for m in slowed if m.startswith("ps.asp1_")}, out  # the PS side's only
+    assert f"REGRESSION in {', '.join(sorted(flagged))}" in err
+    monkeypatch.delenv(SLOWDOWN_ENV)
+    assert main(check) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    monkeypatch.setenv(SLOWDOWN_ENV, "1.5")
+    assert main(check) == 2
+    assert "PSBENCH_REGRESS_PS_SLOWDOWN='1.5': a fraction of throughput in [0, 1)" in capsys.readouterr().err
+
+
+def _measured_rows(table: str) -> dict[str, tuple[float, str]]:
+    """metric -> (measured, status) from format_table's output."""
+    rows = {}
+    for line in table.splitlines():
+        cells = line.split()
+        if cells and cells[0].startswith("ps."):
+            rows[cells[0]] = (float(cells[2]), cells[-1])
+    return rows
 
 
 def test_every_registered_benchmark_resolves_and_has_a_baseline():

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -196,3 +197,115 @@ def test_report_on_a_damaged_suite_is_one_clear_line(results_dir, junk, capsys):
     name = {"corrupt-manifest": "manifest.json", "foreign-file": "notes.xlsx", "bad-parquet": "steps.parquet",
             "bad-csv": "steps.csv"}[junk]
     assert name in lines[0]
+
+
+# ---- two processes writing one suite at once ----------------------------------------------------
+
+# A writer that stops halfway until told to go on (a file appears): after its first table is in its
+# staging folder ("staging"), or after the complete run it replaces was moved aside ("swap").
+PAUSED_WRITER = """
+import os, sys, time
+from pathlib import Path
+from psbench.core import atomic, records
+from psbench.core.records import Recorder
+from psbench.core.spec import RunSpec
+
+results, pause, go, seed = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+
+def wait_go():
+    deadline = time.monotonic() + 120
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+if pause == "staging":
+    real_table = records.atomic_write_table
+    def table(path, frame):
+        real_table(path, frame)
+        if path.name.startswith("steps."):
+            wait_go()
+    records.atomic_write_table = table
+else:
+    real_replace = os.replace
+    def replace(src, dst):
+        real_replace(src, dst)
+        if Path(dst).name.startswith(atomic.OLD_PREFIX):
+            wait_go()
+    atomic.os.replace = replace
+rec = Recorder(RunSpec("single", "mlp-digits", max_steps=1, seed=seed))
+rec.start_clock()
+rec.step(0, 0, 32, 1.0)
+rec.stop_clock()
+rec.finish(results, "s")
+"""
+
+
+def _paused_writer(results_dir: Path, pause: str, go: Path, seed: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, str(results_dir), pause, str(go), str(seed)],
+                            env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(suite: Path, pattern: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not list(suite.glob(pattern)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert list(suite.glob(pattern)), f"no {pattern} appeared: {proc.communicate()[1][-2000:]}"
+
+
+def test_two_processes_write_one_suite_at_once_and_both_runs_are_complete(results_dir, tmp_path):
+    """Process A is halfway through writing its run (its staging folder holds a table) when a
+    `psbench run` into the same suite starts, cleans the suite and writes its own run; then A
+    finishes. The cleaning leaves A's staging alone (its owner lives): both runs are complete."""
+    go, suite = tmp_path / "go", results_dir / "s"
+    writer = _paused_writer(results_dir, "staging", go, seed=1)
+    _wait_for(suite, ".staging-*", writer)
+    other = _psbench(["run", "--system", "single", "--workload", "mlp-digits", "--max-steps", "20", "--seed", "0",
+                      "--results-dir", str(results_dir), "--suite", "s", "--no-progress"])
+    out, err = other.communicate(timeout=300)
+    assert other.returncode == 0, err[-2000:]
+    assert writer.poll() is None, writer.communicate()[1][-2000:]  # still paused, its staging untouched
+    go.touch()
+    _, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err[-2000:]
+    runs = sorted(p.name for p in suite.iterdir())
+    assert len(runs) == 2 and not [n for n in runs if n.startswith(".")], runs
+    assert {assert_complete(suite / name)["seed"] for name in runs} == {0, 1}
+
+
+def test_cleaning_waits_for_a_swap_in_progress(results_dir, tmp_path):
+    """A re-run has moved the complete run it replaces aside (`.old-*`) and not yet renamed its new
+    one into place when another process cleans the suite: the cleaner waits on the suite's lock
+    instead of putting the old run back under the writer's feet, and the new run lands whole."""
+    spec = RunSpec("single", "mlp-digits", max_steps=1, seed=1)
+    first = recorder(spec, 1.0).finish(results_dir, "s")
+    first_start = json.loads((first.out_dir / "manifest.json").read_text())["start"]
+    go, suite = tmp_path / "go", results_dir / "s"
+    writer = _paused_writer(results_dir, "swap", go, seed=1)
+    _wait_for(suite, ".old-*", writer)
+    cleaner = threading.Thread(target=clean_staging, args=(results_dir, "s"))
+    cleaner.start()
+    cleaner.join(1.0)
+    blocked = cleaner.is_alive()
+    go.touch()
+    _, err = writer.communicate(timeout=120)
+    cleaner.join(30)
+    assert blocked, "the cleaner did not wait for the swap in progress"
+    assert writer.returncode == 0, err[-2000:]
+    assert [p.name for p in suite.iterdir()] == [spec.run_id]
+    assert assert_complete(first.out_dir)["start"] != first_start  # the new run, in place
+
+
+def test_cleaning_removes_staging_only_of_a_dead_owner(results_dir):
+    suite = results_dir / "s"
+    suite.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        live, dead = suite / f".staging-run-a-{sleeper.pid}", suite / f".staging-run-b-{gone.stdout.strip()}"
+        live.mkdir(), dead.mkdir()
+        clean_staging(results_dir, "s")
+        assert live.is_dir() and not dead.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    clean_staging(results_dir, "s")
+    assert not live.exists()

@@ -3,6 +3,7 @@ hosts, the driver on a third host; spark-mllib, spark-barrier and spark-torch (l
 the DDP ranks run in the executors, on the worker hosts) each train and write a run folder. An
 executor killed mid-run ends the run with one clear error, never a trace or a hang: inside a
 barrier job, inside a collect (spark-mllib's treeAggregate), between two jobs. Also on loopback.
+The cluster's authentication secret is in no process's command line while they run.
 
 The kill points are exact: the option `hold` pauses the run at a point (a task inside a step's
 job, or the driver between jobs) and creates a marker file; the test kills an executor once the
@@ -27,6 +28,7 @@ from psbench.bench.lab.spark_cluster import SparkCluster
 from psbench.core.tables import read_table
 from psbench.systems.common import child_env
 from psbench.systems.spark.session import pyspark_unavailable_reason
+from secret_helpers import watch_cmdlines
 
 REASON = netlab.unavailable_reason() or pyspark_unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.spark,
@@ -34,6 +36,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.spark,
 
 DRIVER = 3
 KILL_BOUND_S = 60  # from an executor's kill to the driver's exit, at most (a hang fails the test)
+# every process that takes the secret was scanned: master, worker, executor, the driver's JVM
+SPARK_PROCESSES = ("deploy.master.Master", "deploy.worker.Worker", "CoarseGrainedExecutorBackend", "SparkSubmit")
 # One driver process runs the given systems in turn (the session, started once, is reused): each is
 # "system", "system:max_steps" or "system:max_steps:hold" (the option hold, see the module's text).
 DRIVER_SCRIPT = """
@@ -106,8 +110,12 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
         runs = f"spark-mllib,spark-barrier,spark-torch,spark-barrier:5000:task:20:{marker}"
         proc = lab.exec(DRIVER, driver_argv(sc, lab.addr(DRIVER), runs, results), env=child_env(sc.driver_env()),
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watch = watch_cmdlines(proc, {sc.token}, expect=SPARK_PROCESSES, timeout=400, every_s=0.5,
+                               until=lambda: len(manifests(results)) >= 3)
+        assert proc.poll() is None and len(manifests(results)) == 3, proc.stderr.read()[-3000:] if proc.poll() else ""
+        assert watch.leaks == [] and watch.seen == set(SPARK_PROCESSES), watch
         # inside a job: the long barrier run's last task pauses at step 20, its peer waits in allGather
-        out, err, waited = kill_at_marker(sc, proc, marker, wait_s=460)
+        out, err, waited = kill_at_marker(sc, proc, marker, wait_s=120)
         assert sc.dir is not None
         executor_logs = list(sc.dir.glob("worker*/app-*/*/stderr"))
     print(f"\nexecutor killed; the driver ended {waited:.1f}s later: {err.strip().splitlines()[-1:]}")
@@ -145,9 +153,12 @@ def test_standalone_cluster_on_loopback(tmp_path: Path):
     """The same cluster on 127.0.0.1 (one worker, two slots): the driver stays in this namespace."""
     with SparkCluster(LocalHosts(2), master=0, workers=[1], cores=2) as sc:
         assert sc.url.startswith("spark://127.0.0.1:")
-        run = subprocess.run(driver_argv(sc, "127.0.0.1", "spark-mllib:6", tmp_path / "results"),
-                             env=child_env(sc.driver_env()), capture_output=True, text=True, timeout=240)
-        assert run.returncode == 0, run.stderr[-3000:]
+        run = subprocess.Popen(driver_argv(sc, "127.0.0.1", "spark-mllib:30", tmp_path / "results"),
+                               env=child_env(sc.driver_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watch = watch_cmdlines(run, {sc.token}, expect=SPARK_PROCESSES, timeout=240)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err[-3000:]
+        assert watch.leaks == [] and watch.seen == set(SPARK_PROCESSES), watch
     (run_dir,) = manifests(tmp_path / "results").values()
     assert json.loads((run_dir / "manifest.json").read_text())["extra"]["spark_master"] == sc.url
-    assert len(read_table(run_dir, "steps")) == 12
+    assert len(read_table(run_dir, "steps")) == 60

@@ -1,6 +1,7 @@
 """The ssh launcher executes: a cluster file with launcher = "ssh" runs a PS job (a server host, two
 worker hosts) through sshd in network-namespace hosts, launched from a fourth host, and the
-records travel back by scp into one run folder. --dry-run keeps only printing."""
+records travel back by scp into one run folder, the job's token never in any process's command line
+on the way. --dry-run keeps only printing."""
 from __future__ import annotations
 
 import json
@@ -14,10 +15,12 @@ from psbench.bench.lab import netlab, sshlab
 from psbench.bench.lab.netlab import NetLab
 from psbench.bench.lab.sshlab import SshLab
 from psbench.core.tables import read_table
+from secret_helpers import watch_cmdlines
 
 REASON = netlab.unavailable_reason() or sshlab.unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(REASON is not None, reason=f"ssh lab: {REASON}")]
 ROOT = Path(__file__).resolve().parent.parent
+ROLES = ("ps-server", "ps-worker", "ps-fetch")  # every remote role's command line was scanned
 
 
 def ssh_cluster_file(path: Path, lab: NetLab, config: Path, steps: int) -> Path:
@@ -49,9 +52,17 @@ def test_ssh_launcher_runs_a_ps_job_on_sshd_hosts_and_copies_the_records_back(tm
         dry = lab.run(0, [sys.executable, "-m", "psbench", "run", "--cluster", str(path), "--dry-run"], timeout=60)
         assert dry.returncode == 0, dry.stderr
         assert dry.stdout.count(f"-F {ssh.kit.config}") == 4 and not list(results.glob("*"))
-        run = lab.run(0, [sys.executable, "-m", "psbench", "run", "--cluster", str(path), "--results-dir",
-                          str(results), "--no-progress"], timeout=300)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        proc = lab.exec(0, [sys.executable, "-m", "psbench", "run", "--cluster", str(path), "--results-dir",
+                            str(results), "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # the launcher makes the job's token; the roles get it in their environment (sent over
+        # ssh's stdin): learn it there, and look for it in every command line while the job runs
+        watch = watch_cmdlines(proc, env_name="PSBENCH_PS_TOKEN", timeout=300, expect=ROLES,
+                               pids=lambda: [p for h in (1, 2, 3) for p in netlab._namespace_pids(lab.ns(h))])
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out[-2000:] + err[-3000:]
+        assert len(watch.secrets) == 1 and watch.seen == set(ROLES), watch
+        assert watch.leaks == []
+        assert len(watch.holders) >= 3  # the server and the workers on their hosts (and their shells)
         assert remote_processes(lab, range(1, 4)) == []   # servers shut down, workers exited
         assert not list(ROOT.glob(".psbench-cluster/*"))  # the hosts' job folders were removed
     (run_dir,) = [p.parent for p in (results / "ps-ssh").glob("*/manifest.json")]

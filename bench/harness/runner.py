@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from psbench.core.atomic import atomic_write_text
+from psbench.core.atomic import OLD_PREFIX, STAGING_PREFIX, atomic_write_text, dir_lock, owner_alive
 from psbench.core.emulation import parse_device, parse_stragglers, real_share, stall_schedule
 from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec, budget_kind
@@ -152,13 +152,18 @@ def is_complete(results_dir: Path, suite: str, spec: RunSpec) -> bool:
 def clean_staging(results_dir: Path, suite: str) -> None:
     """Remove staging directories an interrupted earlier run left behind, and put back a complete
     run that was moved aside (`.old-<run>-<pid>`) when the process died before its replacement
-    was renamed into place."""
+    was renamed into place. Under the suite folder's lock, and only what no live process owns:
+    another terminal may be writing a run into the same suite right now."""
     suite_dir = Path(results_dir) / suite
-    if suite_dir.is_dir():
-        for leftover in suite_dir.glob(".staging-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-        for old in suite_dir.glob(".old-*"):
-            name = old.name[len(".old-"):].rpartition("-")[0]
+    if not suite_dir.is_dir():
+        return
+    with dir_lock(suite_dir):
+        for leftover in suite_dir.glob(f"{STAGING_PREFIX}*"):
+            if not owner_alive(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+        # A swap runs whole under the lock, so an `.old-` seen here is a leftover whoever named it.
+        for old in suite_dir.glob(f"{OLD_PREFIX}*"):
+            name = old.name[len(OLD_PREFIX):].rpartition("-")[0]
             final = suite_dir / name
             if name and not final.exists() and (old / "manifest.json").is_file():
                 os.replace(old, final)

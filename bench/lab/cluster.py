@@ -11,8 +11,8 @@ placed on the hosts a cluster file names. Results land in results/<suite>/<run-i
     system = "ps"
     workload = "mlp-digits"
     max_steps = 40
-    [run.options]             # system options (ps: consistency, mitigation, ...; servers is derived)
-    consistency = "asp"
+    [run.options]             # system options (ps: consistency, mitigation, ...; servers is derived;
+    consistency = "asp"       #   ddp beyond "local": insecure = true, its store has no authentication)
     [ssh]                     # launcher = "ssh" only
     user = "me"
     workdir = "/opt/psbench"  # the same checkout and venv on every host
@@ -32,8 +32,9 @@ and for DDP `run --system ddp --nnodes H --node-rank i --master-addr <first work
 The workers' step rows come back through files (ps-worker --out, each node's results folder).
 netns and local share this machine's file system. With launcher = "ssh" each role runs as
 `ssh HOST 'cd WORKDIR && ...'` (passwordless ssh; the same checkout + venv at [ssh] workdir on
-every host), writes into its own host's folder WORKDIR/.psbench-cluster/<job>/<host name>/, and
-the files are copied back with scp before merging, as if no file system were shared; the remote
+every host; the job's token travels on the session's stdin, never in a command line), writes into
+its own host's folder WORKDIR/.psbench-cluster/<job>/<host name>/, and the files are copied back
+with scp before merging, as if no file system were shared; the remote
 folders are removed afterwards. A role's remote process is stopped when its ssh connection
 closes (a guard on the session's stdin), so stopping the launcher stops every host's processes.
 `--dry-run` prints the commands instead.
@@ -176,7 +177,11 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
         if len({len(h.roles) for h in nodes}) != 1:
             raise ConfigError(f"{source}: every ddp host needs the same number of worker roles, got "
                               f"{[len(h.roles) for h in nodes]}")
-    _check_system_options(system, options, source)
+    parsed = _check_system_options(system, options, source)
+    if system == "ddp" and launcher != "local" and not parsed.insecure:
+        raise ConfigError(f"{source}: ddp across hosts listens on the first node's address with torch's rendezvous "
+                          "store and gloo, which have no authentication: set insecure = true in [run.options] "
+                          "(recorded in the manifest)")
     run["workers"] = workers
     try:
         spec = RunSpec(**{**run, "options": options})
@@ -197,13 +202,14 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
     return ClusterFile(launcher, spec, tuple(hosts), str(raw.get("suite", "cluster")), port, float(timeout), ssh, source)
 
 
-def _check_system_options(system: str, options: dict[str, Any], source: str) -> None:
+def _check_system_options(system: str, options: dict[str, Any], source: str) -> Any:
+    """The system's options parsed (ConfigError naming the file if they are bad)."""
     from psbench import systems
     from psbench.systems.base import parse_options
 
     cls = systems.get_system(system)
     try:
-        parse_options(cls.Options, options, system)
+        return parse_options(cls.Options, options, system)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
@@ -300,20 +306,31 @@ def _plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str
 
 
 def ssh_argv(cf: ClusterFile, role: PlannedRole, guard: bool = False) -> list[str]:
-    """The ssh command that runs `role` on its host. With `guard` the remote process is stopped
-    when the connection closes: the remote shell keeps the session's stdin (which the launcher
-    holds open and never writes) and sends SIGTERM to the role once it reads end-of-file."""
+    """The ssh command that runs `role` on its host. Its environment (the job's token) never goes
+    into the command, which `ps` shows on both ends: the remote shell reads each variable's value,
+    one line each in sorted order (`ssh_stdin`), from the session's stdin and exports it. With
+    `guard` the remote process is stopped when the connection closes: the remote shell keeps the
+    rest of that stdin (which the launcher holds open and never writes again) and sends SIGTERM to
+    the role once it reads end-of-file."""
     host = cf.hosts[role.host]
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(role.env.items()))
-    run = (f"env {env} " if env else "") + shlex.join(role.argv)
-    cd = f"cd {shlex.quote(cf.ssh.workdir)} && "
+    names = sorted(role.env)
+    take_env = "".join(f"IFS= read -r {k} && export {k} && " for k in names)
+    prologue = f"cd {shlex.quote(cf.ssh.workdir)} && {take_env}" + ("exec 3<&0 || exit 1; " if guard else ": || exit 1; ")
+    run = shlex.join(role.argv)
     if guard:
-        remote = (cd + f"exec 3<&0; {run} </dev/null & pid=$!; "
+        remote = (prologue + f"{run} </dev/null & pid=$!; "
                   "(cat <&3 >/dev/null 2>&1; kill -TERM $pid 2>/dev/null) >/dev/null 2>&1 & "
                   "wait $pid")
     else:
-        remote = cd + "exec " + run
+        remote = prologue + "exec " + run
     return [*cf.ssh.ssh(), cf.ssh.target(str(host.address)), remote]
+
+
+def ssh_stdin(env: dict[str, str]) -> bytes:
+    """What ssh_argv's remote shell reads first from its stdin: each value on a line, names sorted."""
+    if any("\n" in v for v in env.values()):
+        raise ConfigError("a role's environment value holds a newline; it travels to the host as one line")
+    return "".join(f"{env[k]}\n" for k in sorted(env)).encode()
 
 
 # ---- hosts: where the processes run ---------------------------------------------------------
@@ -395,9 +412,14 @@ class SshHosts:
 
     def start(self, host: int, argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
         cmd = ssh_argv(self.cf, PlannedRole("", host, argv, "", env), guard=True)
-        # stdin: a pipe held open and never written; its end stops the remote role (the guard)
-        return self.supervisor.spawn(f"ssh:{self.cf.hosts[host].name}", cmd, stdin=subprocess.PIPE,
+        # stdin: the environment's values first (the token: never on a command line), then held
+        # open and never written again; its end stops the remote role (the guard)
+        proc = self.supervisor.spawn(f"ssh:{self.cf.hosts[host].name}", cmd, stdin=subprocess.PIPE,
                                      stdout=log, stderr=subprocess.STDOUT).proc
+        assert proc.stdin is not None
+        proc.stdin.write(ssh_stdin(env))
+        proc.stdin.flush()
+        return proc
 
     def wait_listening(self, host: int, port: int, timeout: float) -> None:
         wait_tcp(self.addr(host), port, timeout)
@@ -636,7 +658,8 @@ def dry_run(cf: ClusterFile) -> list[str]:
     lines = []
     for role in plan_roles(cf, addrs, python, scratch, token):
         argv = ssh_argv(cf, role) if cf.launcher == "ssh" else role.argv
-        lines.append(f"# {role.name} on {cf.hosts[role.host].name} ({role.stage})\n{shlex.join(argv)}")
+        given = f"; stdin: {', '.join(sorted(role.env))}, a line each" if cf.launcher == "ssh" and role.env else ""
+        lines.append(f"# {role.name} on {cf.hosts[role.host].name} ({role.stage}{given})\n{shlex.join(argv)}")
     return lines
 
 
@@ -649,6 +672,7 @@ def ps_fetch(argv: list[str] | None = None) -> int:
 
     from psbench.core.spec import RunSpec
     from psbench.systems.common import prepare
+    from psbench.systems.ps.server import read_token
     from psbench.systems.ps.worker import ADMIN, KVWorker
 
     p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.cluster ps-fetch")
@@ -659,7 +683,7 @@ def ps_fetch(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model = prepare(RunSpec("ps", args.workload, seed=args.seed)).build_model()
     shapes = [tuple(t.shape) for t in model.parameters()]
-    with KVWorker(args.servers.split(","), ADMIN, shapes, os.environ.get("PSBENCH_PS_TOKEN") or None, 60.0) as kv:
+    with KVWorker(args.servers.split(","), ADMIN, shapes, read_token(None), 60.0) as kv:
         params = np.concatenate([a.reshape(-1) for a in kv.state("params")])
         stats = kv.stats()
         kv.shutdown()

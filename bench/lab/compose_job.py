@@ -119,7 +119,7 @@ def run_job(args: argparse.Namespace) -> Path:
     from psbench.core.records import Recorder
     from psbench.systems.common import prepare
     from psbench.systems.ps.policies import parse_consistency
-    from psbench.systems.ps.server import check_exposure, split_address
+    from psbench.systems.ps.server import check_exposure, split_address, token_from_args
     import psutil
 
     from psbench.systems.ps.worker import _spec
@@ -127,7 +127,7 @@ def run_job(args: argparse.Namespace) -> Path:
     spec = _spec(args)
     kind, _ = parse_consistency(args.consistency)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    token = token_from_args(args)
     for address in servers:  # the same rule as the server's: a reachable job needs a token
         check_exposure(f"server {address}", split_address(address)[0], token, args.insecure)
     options = {"consistency": args.consistency, "servers": len(servers), "launcher": "compose"}
@@ -171,6 +171,8 @@ def run_job(args: argparse.Namespace) -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from psbench.systems.ps.server import add_token_argument
+
     from psbench.systems.ps.worker import add_spec_arguments
 
     p.add_argument("--servers", required=True, help="host:port of the server shards, in shard order")
@@ -180,7 +182,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scratch", required=True, help="the folder the workers write their --out files to")
     p.add_argument("--results-dir", default="results", help="results root (default ./results)")
     p.add_argument("--suite", default="compose", help="results sub-folder (default compose)")
-    p.add_argument("--token", help="shared token (or env PSBENCH_PS_TOKEN)")
+    add_token_argument(p, "the job's shared token")
     p.add_argument("--insecure", action="store_true", help="talk to non-loopback servers without a token")
     p.add_argument("--lost-after-s", type=float, default=30.0, help="a worker silent this long is lost (default 30)")
     p.add_argument("--startup-timeout-s", type=float, default=600.0,

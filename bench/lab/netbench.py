@@ -43,7 +43,8 @@ class Setting:
 
 def cluster_for(s: Setting, workers: int, steps: int, port: int, seed: int = 0) -> ClusterFile:
     spec = RunSpec(s.system, WORKLOAD, workers=workers, seed=seed, max_steps=steps, epochs=100, evals_per_epoch=1,
-                   options={"consistency": s.consistency, "servers": 1} if s.system == "ps" else {})
+                   # DDP's store listens on a lab address, unauthenticated: opted in (and recorded)
+                   options={"consistency": s.consistency, "servers": 1} if s.system == "ps" else {"insecure": True})
     worker_hosts = [Host(f"w{k}", ("worker",), cap_mbit=s.cap_mbit) for k in range(workers)]
     hosts = ([Host("ps0", ("ps-server",), cap_mbit=s.cap_mbit)] if s.system == "ps" else []) + worker_hosts
     return ClusterFile("netns", spec, tuple(hosts), SUITE, port, 900.0, source="psbench.bench.lab.netbench")

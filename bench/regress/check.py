@@ -5,6 +5,12 @@ in the same run), so its value carries across machines and loads where an absolu
 Each is repeated and the median kept; the medians are compared with bench/regress/baselines/regress.json
 (value, tolerance and direction per metric, and the machine it was measured on).
 
+A metric's tolerance comes from its own measured spread: the baseline keeps the repeats it was
+measured from, and `--update-baseline` sets tolerance = max(floor, mads x spread), spread being the
+repeats' median absolute deviation over their median (`tolerance_rule` in the file). The floor keeps
+a lucky-tight baseline from failing the next ordinary run; a noisy metric gets the wide tolerance
+its noise needs, a steady one a tight one, so a 20% slow-down of the PS path fails the check.
+
 Adding a benchmark is one line in RATIO_BENCHMARKS:
     "name": "package.module:function"   one function; metrics are 'name.<key>'
     "name": "package.module"            every ratio_* function in the module; 'name.<fn>.<key>'
@@ -37,8 +43,37 @@ RATIO_BENCHMARKS: dict[str, str] = {
     "micro": "psbench.bench.regress.micro:micro_ratios",
 }
 DEFAULT_BASELINE = Path(__file__).resolve().parent / "baselines" / "regress.json"
-DEFAULT_TOLERANCE = 0.25
+DEFAULT_TOLERANCE = 0.25  # a metric measured without repeats (no spread to go by)
 DEFAULT_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class ToleranceRule:
+    """tolerance = max(floor, mads x spread). For medians of 5 repeats on both sides, the relative
+    difference of two runs of the same code has a standard deviation of about 1.2 spreads (iid
+    repeats), so 4 spreads is ~3.4 of them; the floor covers what a run's own repeats cannot see
+    (the state of the machine between runs)."""
+    mads: float = 4.0
+    floor: float = 0.10
+
+    def tolerance(self, samples: tuple[float, ...] | list[float]) -> float:
+        return round(max(self.floor, self.mads * spread(samples)), 4)
+
+    @classmethod
+    def of(cls, baseline: dict[str, Any] | None) -> "ToleranceRule":
+        raw = (baseline or {}).get("tolerance_rule", {})
+        if not (isinstance(raw, dict) and set(raw) <= {"mads", "floor"}
+                and all(isinstance(v, (int, float)) and v > 0 for v in raw.values())):
+            raise ConfigError(f"a baseline's tolerance_rule is {{'mads': > 0, 'floor': > 0}}, got {raw!r}")
+        return cls(**raw)
+
+
+def spread(samples: tuple[float, ...] | list[float]) -> float:
+    """Median absolute deviation of the repeats over their median (0 with fewer than 2)."""
+    if len(samples) < 2:
+        return 0.0
+    mid = statistics.median(samples)
+    return statistics.median(abs(v - mid) for v in samples) / abs(mid) if mid else 0.0
 
 
 @dataclass(frozen=True)
@@ -172,20 +207,24 @@ def load_baseline(path: Path) -> dict[str, Any]:
     return data
 
 
-def updated_baseline(old: dict[str, Any] | None, measured: dict[str, Measured], quick: bool,
-                     tolerance: float | None) -> dict[str, Any]:
+def updated_baseline(old: dict[str, Any] | None, measured: dict[str, Measured], quick: bool) -> dict[str, Any]:
+    """The baseline with each measured metric's median, repeats, spread and the tolerance the rule
+    gives them; metrics not measured this time are kept as they were."""
     from psbench.core.records import git_sha, machine, versions
 
     old = old or {}
+    rule = ToleranceRule.of(old)
     metrics = dict(old.get("metrics", {}))
     for metric, m in measured.items():
-        keep_tol = metrics.get(metric, {}).get("tolerance", old.get("default_tolerance", DEFAULT_TOLERANCE))
+        samples = [round(v, 6) for v in m.samples]
         metrics[metric] = {"value": round(m.value, 6), "higher_is_better": m.higher_is_better,
-                           "tolerance": tolerance if tolerance is not None else keep_tol,
-                           "samples": [round(v, 6) for v in m.samples]}
+                           "spread": round(spread(samples), 4), "tolerance": rule.tolerance(samples),
+                           "samples": samples}
     return {
-        "about": "psbench regress baseline: ratios measured side by side in one run (no absolute times). "
-                 "Update with `psbench regress --update-baseline` on a quiet machine.",
+        "about": "psbench regress baseline: ratios measured side by side in one run (no absolute times), each "
+                 "metric's tolerance = max(floor, mads x spread of its repeats). Update with "
+                 "`psbench regress --update-baseline --repeats 10` on a quiet machine.",
+        "tolerance_rule": {"mads": rule.mads, "floor": rule.floor},
         "default_tolerance": old.get("default_tolerance", DEFAULT_TOLERANCE),
         "sizes": "quick" if quick else "full",
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -200,10 +239,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes (CI)")
     p.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE, help=f"baseline JSON (default {DEFAULT_BASELINE})")
     p.add_argument("--tolerance", type=float, help="allowed fractional change against a metric's direction, "
-                   "overriding the baseline's per-metric tolerance (e.g. 0.25)")
+                   "overriding the baseline's per-metric tolerance (e.g. 0.25) in this check only")
     p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help=f"runs per benchmark, median kept "
                    f"(default {DEFAULT_REPEATS})")
-    p.add_argument("--update-baseline", action="store_true", help="write the measured medians into the baseline")
+    p.add_argument("--update-baseline", action="store_true", help="write the measured medians into the baseline, "
+                   "each with its repeats, their spread and the tolerance the baseline's tolerance_rule gives it")
     p.add_argument("--only", action="append", metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(RATIO_BENCHMARKS)}")
 
@@ -217,14 +257,17 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--repeats must be >= 1, got {args.repeats}")
     if args.tolerance is not None and not 0 < args.tolerance < 10:
         raise ConfigError(f"--tolerance is a fraction (e.g. 0.25), got {args.tolerance}")
+    if args.tolerance is not None and args.update_baseline:
+        raise ConfigError("--tolerance applies to a check; a baseline's tolerances come from its repeats' spread "
+                          "(tolerance_rule in the baseline file)")
     baseline = None
     if not args.update_baseline or Path(args.baseline).is_file():
         baseline = load_baseline(args.baseline)
     log = lambda s: print(f"psbench regress: {s}", file=sys.stderr)  # noqa: E731
     measured = measure(names, quick=args.quick, repeats=args.repeats, log=log)
     if args.update_baseline:
-        atomic_write_json(args.baseline, updated_baseline(baseline, measured, args.quick, args.tolerance))
-        print(format_table(compare(load_baseline(args.baseline), measured, args.tolerance)))
+        atomic_write_json(args.baseline, updated_baseline(baseline, measured, args.quick))
+        print(format_table(compare(load_baseline(args.baseline), measured)))
         print(f"baseline written: {args.baseline}")
         return 0
     assert baseline is not None

@@ -88,7 +88,7 @@ def _roundtrip(size_mb: int) -> Callable[[], contextlib.AbstractContextManager[S
     def case() -> Iterator[Sides]:
         from psbench.bench.regress.ps_benchmarks import echo
         from psbench.systems.ps.launch import Cluster
-        from psbench.systems.ps.worker import KVWorker
+        from psbench.systems.ps.worker import ADMIN, KVWorker
 
         shape = (size_mb * MB // 4,)
         grad = np.ones(shape, np.float32)
@@ -96,8 +96,9 @@ def _roundtrip(size_mb: int) -> Callable[[], contextlib.AbstractContextManager[S
 
         with echo() as raw, Cluster(1, 1, "bench") as cluster:
             [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "64"])
-            with KVWorker([address], 0, [shape], "bench", max_bytes=64 * MB) as kv:
-                kv.init([np.zeros(shape, np.float32)])
+            with KVWorker([address], ADMIN, [shape], "bench", max_bytes=64 * MB) as admin, \
+                    KVWorker([address], 0, [shape], "bench", max_bytes=64 * MB) as kv:
+                admin.init([np.zeros(shape, np.float32)])
                 step = iter(range(1 << 62))  # from 0: a shard refuses a step ahead of the worker's clock
 
                 def reference() -> np.ndarray:
@@ -106,7 +107,7 @@ def _roundtrip(size_mb: int) -> Callable[[], contextlib.AbstractContextManager[S
                     return np.frombuffer(reply[1].buffer, np.float32)
 
                 yield {"psbench": lambda: kv.push_pull([grad], next(step)), "reference": reference}
-                kv.shutdown()
+                admin.shutdown()
             cluster.wait_servers()
 
     case.__name__ = f"roundtrip_{size_mb}mb"

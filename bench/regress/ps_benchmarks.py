@@ -15,6 +15,7 @@ far as it can. Run all: `python -m psbench.bench.regress.ps_benchmarks` (prints 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,6 +25,23 @@ from typing import Any, Iterator
 import numpy as np
 
 MB = 2**20
+# Tests only: the PS side of ratio_asp_vs_single_interleaved loses this fraction of its throughput
+# (each burst sleeps in proportion to its own time), as a slower PS would; the gate must see it.
+SLOWDOWN_ENV = "PSBENCH_REGRESS_PS_SLOWDOWN"
+
+
+def injected_slowdown() -> float:
+    """The fraction of the PS side's throughput to take away (0: none), from SLOWDOWN_ENV."""
+    from psbench.core.errors import ConfigError
+
+    raw = os.environ.get(SLOWDOWN_ENV, "").strip()
+    try:
+        value = float(raw or 0)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise ConfigError(f"{SLOWDOWN_ENV}={raw!r}: a fraction of throughput in [0, 1), e.g. 0.2")
+    return value
 
 
 # ---- (a) the wire against raw pyzmq ------------------------------------------------------------
@@ -98,7 +116,7 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
     that checks and applies each gradient with numpy can reach, `vs_sgd_echo` what the PS's
     protocol and bookkeeping cost beyond it."""
     from psbench.systems.ps.launch import Cluster
-    from psbench.systems.ps.worker import KVWorker
+    from psbench.systems.ps.worker import ADMIN, KVWorker
 
     reps = reps or {1: 40, 10: 15, 100: 5}
     out: dict[str, float] = {}
@@ -108,8 +126,9 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
             grad = np.ones(shape, np.float32)
             with Cluster(1, 1, "bench") as cluster:  # a fresh shard per size: its keys have one shape
                 [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "1024"])
-                with KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
-                    kv.init([np.zeros(shape, np.float32)])
+                with KVWorker([address], ADMIN, [shape], "bench", max_bytes=1024 * MB) as admin, \
+                        KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
+                    admin.init([np.zeros(shape, np.float32)])
                     raw_t, sgd_t, ps_t = [], [], []
                     for i in range(reps.get(size, 5) + 1):  # the first of each is a warm-up
                         for header, times in ((b"h" * 120, raw_t), (SGD_ECHO, sgd_t)):
@@ -121,7 +140,7 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
                         t = time.perf_counter()
                         kv.push_pull([grad], i)
                         ps_t.append(time.perf_counter() - t)
-                    kv.shutdown()
+                    admin.shutdown()
                 cluster.wait_servers()
             raw_s, sgd_s, ps_s = (statistics.median(t[1:]) for t in (raw_t, sgd_t, ps_t))
             out[f"roundtrip_{size}mb"] = raw_s / ps_s
@@ -190,9 +209,10 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
     from psbench.core.spec import RunSpec
     from psbench.systems.common import configure_threads, forward_backward, make_optimizer, prepare
     from psbench.systems.ps.launch import Cluster
-    from psbench.systems.ps.worker import KVWorker, Trainer
+    from psbench.systems.ps.worker import ADMIN, KVWorker, Trainer
 
     configure_threads(1)
+    slowdown = injected_slowdown()
     out: dict[str, float] = {}
     for workload in workloads:
         prep = prepare(RunSpec(system="ps", workload=workload, workers=1, epochs=1000))
@@ -218,6 +238,8 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
                 forward_backward(trainer.model, trainer.loss_fn, x, y, trainer.grad_views[0])
                 trainer.exchange(trainer.push(step, 0))
                 step += 1
+            if slowdown:  # the burst takes 1 / (1 - slowdown) of its time: throughput x (1 - slowdown)
+                time.sleep((time.perf_counter() - t) * slowdown / (1 - slowdown))
             return time.perf_counter() - t
 
         def echo_step(n: int) -> float:  # the PS worker's step, with a raw echo for push and answer
@@ -233,13 +255,13 @@ def ratio_asp_vs_single_interleaved(workloads: tuple[str, ...] = ("cnn-mnist1d",
         with echo() as raw, Cluster(1, 1, "bench") as cluster:
             [address] = cluster.start_servers(["--workload", workload, "--workers", "1", "--consistency", "asp"])
             shapes = [tuple(p.shape) for p in model.parameters()]
-            with KVWorker([address], 0, shapes, "bench") as kv:
-                kv.init([p.detach().numpy() for p in prep.build_model().parameters()])
+            with KVWorker([address], ADMIN, shapes, "bench") as admin, KVWorker([address], 0, shapes, "bench") as kv:
+                admin.init([p.detach().numpy() for p in prep.build_model().parameters()])
                 trainer = Trainer(prep, kv, 0)
                 trainer.load(kv.pull()[0])
                 single(burst), ps(burst), echo_step(burst)  # warm-up: first-call costs belong to no side
                 rows = [(single(burst), ps(burst), echo_step(burst)) for _ in range(rounds)]
-                kv.shutdown()
+                admin.shutdown()
             cluster.wait_servers()
         t_single, t_ps, t_echo = (sum(r[i] for r in rows) for i in range(3))
         ratios = sorted(a / b for a, b, _ in rows)

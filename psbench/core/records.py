@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd
 
-from psbench.core.atomic import atomic_replace_dir, atomic_write_json, atomic_write_table
+from psbench.core.atomic import atomic_write_json, atomic_write_table, staged_dir
 from psbench.core.spec import RunSpec
 
 # A step row's time is split (seconds; empty where a system cannot tell), the same way on every
@@ -262,14 +262,18 @@ class Recorder:
         suite_dir = Path(results_dir) / suite
         suite_dir.mkdir(parents=True, exist_ok=True)
         final = suite_dir / self.spec.run_id
-        staging = suite_dir / f".staging-{self.spec.run_id}-{os.getpid()}"
-        staging.mkdir()
         summary = self.summary()
-        for table, rows in (("steps", self.steps), ("evals", self.evals), ("events", self.events)):
-            atomic_write_table(staging / f"{table}.{record_format}", typed_frame(rows, table))
-        if self.shard_report is not None:
-            atomic_write_json(staging / "shards.json", self.shard_report)
-        manifest = {
+        with staged_dir(final) as staging:
+            for table, rows in (("steps", self.steps), ("evals", self.evals), ("events", self.events)):
+                atomic_write_table(staging / f"{table}.{record_format}", typed_frame(rows, table))
+            if self.shard_report is not None:
+                atomic_write_json(staging / "shards.json", self.shard_report)
+            # The manifest is written last: its presence marks a complete run.
+            atomic_write_json(staging / "manifest.json", self.manifest(suite, summary))
+        return RunResult(self.spec.run_id, final, summary, dict(self.spec.options))
+
+    def manifest(self, suite: str, summary: dict[str, Any]) -> dict[str, Any]:
+        return {
             "psbench_manifest": MANIFEST_VERSION,
             "run_id": self.spec.run_id,
             "suite": suite,
@@ -285,10 +289,6 @@ class Recorder:
             "git_dirty": git_dirty(),
             "machine": machine(),
         }
-        # The manifest is written last: its presence marks a complete run.
-        atomic_write_json(staging / "manifest.json", manifest)
-        atomic_replace_dir(staging, final)
-        return RunResult(self.spec.run_id, final, summary, dict(self.spec.options))
 
 
 def versions() -> dict[str, str | None]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import socket
 from pathlib import Path
 
@@ -12,7 +11,12 @@ from psbench.core.supervisor import Supervisor
 from psbench.systems.allreduce_launch import run_job, spawn_ranks
 from psbench.systems.base import option
 from psbench.systems.common import child_env, prepare
+from psbench.systems.ps.server import check_exposure, is_loopback
 from psbench.core.errors import ConfigError
+
+# torch's TCPStore and gloo take any connection: no token to give, only the explicit opt-in
+DDP_REMEDY = ("torch's rendezvous store and gloo have no authentication: pass --insecure true to accept any "
+              "client (recorded in the manifest)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,8 +26,11 @@ class DDPOptions:
     nnodes: int = option(1, "hosts taking part; each runs workers/nnodes ranks (start psbench on each)")
     node_rank: int = option(0, "this host's index in 0..nnodes-1; node 0 holds rank 0 and records evals")
     timeout_s: float = option(1800.0, "stop every worker and fail after this many seconds")
+    insecure: bool = option(False, "a master_addr beyond loopback: allow the rendezvous store and gloo (no "
+                                   "authentication) to listen there; required there, and recorded")
 
     def __post_init__(self) -> None:
+        check_exposure("ddp's rendezvous store (--master-addr)", self.master_addr, None, self.insecure, DDP_REMEDY)
         if not 0 <= self.master_port <= 65535:
             raise ConfigError(f"option master_port must be in 0..65535, got {self.master_port}")
         if self.nnodes < 1:
@@ -44,13 +51,6 @@ def bind_store_socket(addr: str, port: int) -> socket.socket:
         raise ConfigError(f"cannot listen on master_addr:master_port {addr}:{port}: {exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
-
-
-def is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return addr == "localhost"
 
 
 class DDPSystem:
@@ -83,6 +83,8 @@ class DDPSystem:
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
         local = spec.workers // options.nnodes
         ranks = [options.node_rank * local + i for i in range(local)]
+        recorder.extra["ddp_store"] = {"master_addr": options.master_addr,
+                                       "auth": "loopback" if is_loopback(options.master_addr) else "insecure"}
         # gloo picks its interface from the hostname unless told; keep local runs on loopback.
         env = child_env({"GLOO_SOCKET_IFNAME": "lo"} if is_loopback(options.master_addr) else None)
         listener = bind_store_socket(options.master_addr, options.master_port) if 0 in ranks else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import secrets
 import tempfile
 import time
@@ -31,7 +30,7 @@ from psbench.systems.common import (Prepared, configure_threads, evaluate_snapsh
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
 from psbench.systems.ps.policies import parse_consistency, parse_mitigation, parse_warmup, resolve_step
-from psbench.systems.ps.server import NONFINITE_MODES
+from psbench.systems.ps.server import NONFINITE_MODES, read_token
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
 
@@ -55,8 +54,9 @@ class PSOptions:
     nonfinite: str = option("reject", "a push whose gradient holds NaN or inf: reject (an error reply naming "
                                       "the key; the worker fails) | skip (answered, not applied; counted)")
     host: str = option("127.0.0.1", "address the server shards bind")
-    token: str | None = option(None, "shared token checked on every message (default: env PSBENCH_PS_TOKEN, "
-                                        "else a random one per run; an option value is saved in the manifest)")
+    token_file: str | None = option(None, "a file (readable by its owner only) whose first line is the shared token "
+                                          "checked on every message (default: env PSBENCH_PS_TOKEN, else a random "
+                                          "one per run)")
     step_timeout_s: float = option(60.0, "how long BSP/SSP waits for slow workers before failing the step")
     worker_timeout_s: float = option(30.0, "ssp: a worker silent this long is taken as dead and not waited for")
     retry_s: float = option(5.0, "a worker resends a request unanswered this long (a restarted shard lost it)")
@@ -83,8 +83,7 @@ class PSOptions:
         if not _loopback(self.host):
             raise ConfigError(f"host '{self.host}' is not allowed: bind a 127.0.0.0/8 address (e.g. 127.0.0.1) "
                               f"or, inside a test network namespace, a 198.18.0.0/15 one")
-        if self.token is not None and not self.token:
-            raise ConfigError("token must not be empty")
+        read_token(self.token_file)  # a missing, empty or shared file is a ConfigError before any run
         if not (self.worker_timeout_s > 0 and self.retry_s > 0):
             raise ConfigError(f"worker_timeout_s and retry_s must be > 0, got {self.worker_timeout_s}, {self.retry_s}")
         from psbench.systems.ps.checkpoint import parse_interval
@@ -215,8 +214,8 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
     opt = prep.workload.optimizer
     step_rule = resolve_step(options.lr_scaling, options.momentum_scaling, options.consistency, n, opt.momentum)
     lr, server_momentum = prep.lr * step_rule.lr_factor, step_rule.momentum
-    # A token given as an option is recorded in the manifest with the spec; the env var is not.
-    token = options.token or os.environ.get("PSBENCH_PS_TOKEN") or secrets.token_hex(16)
+    # Neither is recorded: the manifest has the token file's name at most.
+    token = read_token(options.token_file) or secrets.token_hex(16)
     server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
                    "--momentum", repr(server_momentum), "--weight-decay", repr(opt.weight_decay),
                    "--step-timeout-s", repr(options.step_timeout_s), "--nonfinite", options.nonfinite,

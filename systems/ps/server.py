@@ -12,7 +12,10 @@ A pipelined worker (`--pipeline`) computes on the parameters of the reply before
 says so (`based_on`); so the record keeps each worker's last SENT_HISTORY sends.
 
 `handle` checks a message completely before it changes anything: a message that fails a check
-gets one error reply and leaves the shard as it was, liveness and request-id records included.
+gets one error reply and leaves the shard as it was, liveness and request-id records and every
+counter included; the refusal is written to the shard's error log (`ErrorLog`), kept apart from
+its state. The job's own requests (init, stats, shutdown) come from the admin id only, and, when
+the shard has a token, carry it like every message.
 
 Run by hand: `psbench ps-server --bind 127.0.0.1:5555 --shard-id 0 --servers 1 --workers 2 ...`
 """
@@ -24,7 +27,7 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,6 +42,34 @@ log = logging.getLogger("psbench.ps.server")
 ADMIN = -1  # the worker id of the launcher / operator (init, state, stats, shutdown)
 SENT_HISTORY = 2  # (version, params) sends remembered per worker: a pipelined push is one reply behind
 NONFINITE_MODES = ("reject", "skip")
+ADMIN_OPS = frozenset({"init", "stats", "shutdown"})  # the launcher's / operator's requests (and register)
+ERROR_LOG_KEEP = 50  # the newest error replies a shard's error log keeps
+
+
+@dataclass
+class ErrorLog:
+    """The error replies a shard sent, kept apart from its state: a message a check refused
+    ("rejected") changes no counter of the shard's and is written here instead, as is a held
+    request a policy gave up on ("timed_out") and a bug caught while handling one ("internal").
+    The newest `keep` entries and how many of each kind there were (reported in stats under
+    'error_log')."""
+    keep: int = ERROR_LOG_KEEP
+    totals: Counter = field(default_factory=Counter)
+    recent: deque = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.recent = deque(maxlen=self.keep)
+
+    def add(self, kind: str, worker: int, op: str | None, text: str) -> None:
+        self.totals[kind] += 1
+        self.recent.append({"kind": kind, "worker": worker, "op": op, "error": text})
+
+    @property
+    def last(self) -> str:
+        return self.recent[-1]["error"] if self.recent else ""
+
+    def report(self) -> dict[str, Any]:
+        return {**{k: int(self.totals[k]) for k in ("rejected", "timed_out", "internal")}, "recent": list(self.recent)}
 
 
 @dataclass
@@ -105,8 +136,8 @@ class Shard:
         self.start_version = 0  # the version a worker holds before anything was sent to it (init / restore)
         self.sent: dict[int, deque[tuple[int, np.ndarray]]] = {}  # per worker: its last (version, flat params)
         self.staleness = Counter()
-        self.n_errors = 0
-        self.n_nonfinite = 0  # pushes with a NaN/inf gradient (rejected or skipped)
+        self.error_log = ErrorLog()
+        self.n_nonfinite = 0  # pushes with a NaN/inf gradient answered without being applied (skip)
         self.stopping = False
         self.outbox: list[tuple[bytes, list[Any]]] = []
         # Fault tolerance: liveness (last message time per worker), de-duplication of retried
@@ -123,7 +154,6 @@ class Shard:
         self.n_duplicates = 0
         self.registered: dict[str, int] = {}  # nonce -> worker id
         self.finished: set[int] = set()       # workers that said bye (a job's launcher polls stats for it)
-        self.last_error = ""
         self._next_liveness = 0.0
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_interval = checkpoint.parse_interval(checkpoint_every)
@@ -224,7 +254,7 @@ class Shard:
 
     def reply_error(self, req: Request, text: str) -> None:
         """A held request the policy gave up on (a timeout)."""
-        self.error(req.ident, text, req.worker, req.rid)
+        self.error(req.ident, text, req.worker, req.rid, kind="timed_out", op=req.op)
         if req.rid is not None and req.worker != ADMIN:
             self.expired[req.worker] = (req.rid, text)
 
@@ -233,10 +263,11 @@ class Shard:
         self.outbox.append((req.ident, protocol.encode(op, worker=req.worker, version=self.version,
                                                        **_rid(req.rid), **fields)))
 
-    def error(self, ident: bytes, text: str, worker: int = ADMIN, rid: int | None = None) -> None:
-        self.n_errors += 1
-        self.last_error = text
-        log.warning("shard %d: rejected a message from worker %s: %s", self.shard_id, worker, text)
+    def error(self, ident: bytes, text: str, worker: int = ADMIN, rid: int | None = None, kind: str = "rejected",
+              op: str | None = None) -> None:
+        """An error reply, written to the error log (never to the shard's counters)."""
+        self.error_log.add(kind, worker, op, text)
+        log.warning("shard %d: %s: %s from worker %s: %s", self.shard_id, kind, op, worker, text)
         self._send_error(ident, text, worker, rid)
 
     def _send_error(self, ident: bytes, text: str, worker: int, rid: int | None) -> None:
@@ -261,6 +292,9 @@ class Shard:
 
     def _check(self, req: Request, msg: protocol.Message) -> Callable[[], None]:
         op = req.op
+        if op in ADMIN_OPS and req.worker != ADMIN:  # a worker's id cannot reset, read out or stop the job
+            raise protocol.ProtocolError(f"{op} is the launcher's request: it comes from worker {ADMIN} (admin), "
+                                         f"got worker {req.worker}")
         if op == "register":
             return self._check_register(req, msg)
         if op == "init":
@@ -337,8 +371,7 @@ class Shard:
         else:  # one tensor frame per key (or another order): a flat copy of our own
             grad, frame, reusable = self.pack(msg.tensors()), None, True
         bad = None if all_finite(grad) else next(k for k, a in zip(msg.keys, msg.arrays) if not all_finite(a))
-        if bad is not None and self.nonfinite == "reject":
-            self.n_nonfinite += 1
+        if bad is not None and self.nonfinite == "reject":  # refused: counted in the error log, not here
             raise protocol.ProtocolError(f"push of worker {w} step {msg.step}: the gradient of key {bad} holds "
                                          f"NaN or inf; nothing applied (a shard started with --nonfinite skip "
                                          f"answers such a push without applying it)")
@@ -552,11 +585,12 @@ class Shard:
         return {"shard": self.shard_id, "version": self.version, "keys": self.keys,
                 "applied": int(sum(self.staleness.values())),
                 "staleness_hist": {str(k): int(v) for k, v in sorted(self.staleness.items())},
-                "errors": self.n_errors, "duplicates": self.n_duplicates, "nonfinite": self.n_nonfinite,
+                "duplicates": self.n_duplicates, "nonfinite": self.n_nonfinite,
                 "lost_workers": self.lost_workers, "checkpoints": self.n_checkpoints,
                 "restored_version": self.restored_version,
                 # who is done and who went quiet: what a launcher on another host can see of the job
-                "finished": sorted(self.finished), "last_error": self.last_error,
+                "finished": sorted(self.finished), "last_error": self.error_log.last,
+                "error_log": self.error_log.report(),  # diagnostics, not state: what was refused and why
                 "waiting": sorted({r.worker for r in self.policy.waiting_requests()}),
                 "idle_s": {str(w): round(now - t, 3) for w, t in sorted(self.last_seen.items())},
                 **self.policy.stats()}
@@ -569,11 +603,11 @@ class Shard:
                                   expect=self.layout if self.keys else None)
             self.handle(ident, msg)
         except protocol.ProtocolError as exc:
-            worker = msg.worker if msg is not None else ADMIN
-            self.error(ident, str(exc), worker, rid=msg.extra.get("rid") if msg is not None else None)
+            worker, op, rid = (msg.worker, msg.op, msg.extra.get("rid")) if msg is not None else (ADMIN, None, None)
+            self.error(ident, str(exc), worker, rid, op=op)
         except Exception as exc:  # a bug must not take the shard down mid-run; say so loudly
             log.exception("shard %d: internal error", self.shard_id)
-            self.error(ident, f"internal server error: {type(exc).__name__}: {exc}")
+            self.error(ident, f"internal server error: {type(exc).__name__}: {exc}", kind="internal")
 def _rid(rid: int | None) -> dict[str, int]:
     return {} if rid is None else {"rid": rid}
 
@@ -665,8 +699,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-timeout-s", type=float, default=None,
                    help="SSP stops waiting for a worker silent this long (default: never)")
     p.add_argument("--nonfinite", default="reject", choices=NONFINITE_MODES,
-                   help="a push whose gradient holds NaN or inf: reject (error reply naming the key; default) "
-                        "or skip (answered, not applied); counted in stats either way")
+                   help="a push whose gradient holds NaN or inf: reject (error reply naming the key; default; "
+                        "in the error log) or skip (answered, not applied; counted as nonfinite in stats)")
     p.add_argument("--checkpoint-dir", help="write shard checkpoints here (params, momentum, version)")
     p.add_argument("--checkpoint-every", default="100",
                    help="checkpoint interval: updates (e.g. 100) or seconds (e.g. 5s); default 100")
@@ -674,8 +708,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--halt-at-version", type=int, help=argparse.SUPPRESS)  # fault injection for tests
     p.add_argument("--max-message-mb", type=float, default=protocol.DEFAULT_MAX_BYTES / 2**20,
                    help="reject messages larger than this (default 512)")
-    p.add_argument("--token", help="shared token every message must carry (or env PSBENCH_PS_TOKEN); "
-                                   "required when --bind is not a loopback address")
+    add_token_argument(p, "the shared token every message must carry; required when --bind is not a loopback "
+                          "address")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --bind without a token (anyone who reaches the port can train)")
     p.add_argument("--control", help=argparse.SUPPRESS)  # the launcher's control socket
@@ -734,20 +768,59 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(what: str, host: str, token: str | None, insecure: bool) -> None:
-    """A server bound beyond loopback needs a token, or an explicit --insecure."""
+TOKEN_ENV = "PSBENCH_PS_TOKEN"
+PS_REMEDY = f"give a token (--token-file FILE or env {TOKEN_ENV}), or --insecure to accept any client"
+
+
+def add_token_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--token-file", metavar="FILE", help=f"{what}: read from FILE (its first line; readable by its "
+                   f"owner only), else env {TOKEN_ENV}; never a command-line value, which any local user can read")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # caught, so that it is not taken for --token-file
+
+
+def token_from_args(args: argparse.Namespace) -> str | None:
+    from psbench.core.errors import ConfigError
+
+    if args.token is not None:
+        raise ConfigError(f"--token takes no value on the command line, where any local user can read it (ps): "
+                          f"use --token-file FILE (mode 600) or env {TOKEN_ENV}")
+    return read_token(args.token_file)
+
+
+def read_token(path: str | None) -> str | None:
+    """The job's token: the first line of `path` (which no one but its owner may read), else env
+    PSBENCH_PS_TOKEN, else None."""
+    from psbench.core.errors import ConfigError
+
+    if path is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        mode = os.stat(path).st_mode
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"token file {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ConfigError(f"token file {path} is readable by other users (mode {mode & 0o777:o}): chmod 600 {path}")
+    if not lines or not lines[0].strip():
+        raise ConfigError(f"token file {path} is empty: its first line is the token")
+    return lines[0].strip()
+
+
+def check_exposure(what: str, host: str, token: str | bool | None, insecure: bool, remedy: str = PS_REMEDY) -> None:
+    """A server bound beyond loopback needs authentication (a token, or True: it is on), or an
+    explicit opt-out (--insecure); `remedy` says how, for the system at hand. Every system that
+    binds a port (PS, Spark, DDP, Horovod) asks the same question here."""
     from psbench.core.errors import ConfigError
 
     if not is_loopback(host) and not token and not insecure:
-        raise ConfigError(f"{what} binds {host}, which is reachable from other hosts: give a token "
-                          "(--token or env PSBENCH_PS_TOKEN), or --insecure to accept any client")
+        raise ConfigError(f"{what} binds {host}, which is reachable from other hosts: {remedy}")
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     host, port = split_address(args.bind)
-    token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    token = token_from_args(args)
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
     shard = shard_from_args(args)
     watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays

@@ -13,7 +13,6 @@ import argparse
 import itertools
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import numpy as np
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import protocol
 from psbench.systems.ps.partition import partition_keys
+from psbench.systems.ps.server import add_token_argument, token_from_args
 
 ADMIN = -1
 PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to the launcher
@@ -423,7 +423,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-id", required=True,
                    help="this worker's index (0..workers-1), or auto: ask shard 0 for the next free one")
     add_spec_arguments(p)
-    p.add_argument("--token", help="shared token (or env PSBENCH_PS_TOKEN)")
+    add_token_argument(p, "the job's shared token")
     p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for a server reply")
     p.add_argument("--out", help="write this worker's step rows here (JSON) when done; {worker} is replaced "
                                  "by the worker id (e.g. /results/w{worker}.json)")
@@ -492,7 +492,7 @@ def _main(args: argparse.Namespace) -> int:
     watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
     spec = _spec(args)
     worker_id = parse_worker_id(args.worker_id, spec.workers)
-    token = args.token or os.environ.get("PSBENCH_PS_TOKEN") or None
+    token = token_from_args(args)
     addresses = [a.strip() for a in args.servers.split(",") if a.strip()]
     if worker_id is None:  # ids are handed out before the data shard (which depends on the id) loads
         with KVWorker(addresses[:1], ADMIN, [], token, args.timeout_s, retry_s=args.retry_s) as reg:
@@ -501,9 +501,10 @@ def _main(args: argparse.Namespace) -> int:
     prep = prepare(spec)
     model = prep.build_model()
     shapes = [tuple(p.shape) for p in model.parameters()]
+    if args.init:  # the launcher's request, made as the admin (the job's token is ours too)
+        with KVWorker(addresses, ADMIN, shapes, token, args.timeout_s, retry_s=args.retry_s) as admin:
+            admin.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
     with KVWorker(addresses, worker_id, shapes, token, args.timeout_s, retry_s=args.retry_s) as kv:
-        if args.init:
-            kv.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
         del model
         init_buffers = np.load(args.init_buffers, allow_pickle=False) if args.init_buffers else None
         if args.control:

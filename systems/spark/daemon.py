@@ -5,6 +5,10 @@ Spark's authentication on when env PSBENCH_SPARK_TOKEN is set: the master, the w
 hosts (--host not loopback; a worker binds its host's address unless --host says otherwise) needs
 the token or an explicit --insecure.
 
+The secret goes to the daemon's JVM in its environment (`_SPARK_AUTH_SECRET`, which Spark's
+SecurityManager reads before its conf, and which a worker hands on to the executors it starts),
+never as a -D option: `ps` shows any process's command line to every local user.
+
     python -m psbench.systems.spark.daemon master --host spark-master --port 7077 --webui-port 8080
     python -m psbench.systems.spark.daemon worker --cores 1 --memory 2g spark://spark-master:7077
 """
@@ -18,6 +22,7 @@ from pathlib import Path
 from psbench.core.errors import ConfigError
 
 CLASSES = {"master": "org.apache.spark.deploy.master.Master", "worker": "org.apache.spark.deploy.worker.Worker"}
+SPARK_SECRET_ENV = "_SPARK_AUTH_SECRET"  # SecurityManager.ENV_AUTH_SECRET: read before spark.authenticate.secret
 
 
 def spark_class() -> str:
@@ -31,7 +36,7 @@ def spark_class() -> str:
 
 def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The spark-class argv and environment for `master|worker ARGS [--insecure]`."""
-    from psbench.systems.ps.server import is_loopback
+    from psbench.systems.ps.server import check_exposure
 
     if not argv or argv[0] not in CLASSES:
         raise ConfigError(f"first argument must be one of {', '.join(CLASSES)}, got {argv[:1]}")
@@ -39,14 +44,13 @@ def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[s
     insecure = "--insecure" in argv[1:]
     token = environ.get("PSBENCH_SPARK_TOKEN") or None
     host = next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--host", "-h")), None)
-    if not token and not insecure and not (host and is_loopback(host)):
-        raise ConfigError(f"the Spark {role} binds {host or 'its host address'}, reachable from other hosts: set "
-                          "PSBENCH_SPARK_TOKEN (the same on master, workers and driver) or pass --insecure")
+    check_exposure(f"the Spark {role}", host or "its host address", token, insecure,
+                   "set PSBENCH_SPARK_TOKEN (the same on master, workers and driver) or pass --insecure")
     env = dict(environ)
     if token:
-        # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options
-        opts = f"-Dspark.authenticate=true -Dspark.authenticate.secret={token}"
-        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} {opts}".strip()
+        # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options: the switch, not the secret
+        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} -Dspark.authenticate=true".strip()
+        env[SPARK_SECRET_ENV] = token
     return [spark_class(), CLASSES[role], *args], env
 
 

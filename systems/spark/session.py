@@ -5,17 +5,26 @@ runs with the same master), and turning a Spark job failure into one clear line.
 A driver bound beyond loopback (executors on other hosts connect to it) needs a token: env
 PSBENCH_SPARK_TOKEN turns on Spark's own authentication (spark.authenticate, a shared secret the
 standalone master and workers must be given too: systems/spark/daemon.py), or the run says
-insecure=true, which its manifest records."""
+insecure=true, which its manifest records.
+
+The secret reaches the driver's JVM through a properties file readable by this user only (spark-submit
+--properties-file, in PYSPARK_SUBMIT_ARGS), removed once the JVM is up: pyspark passes every conf
+entry given to the session builder as `--conf key=value` on spark-submit's command line, which `ps`
+shows to every local user. (The driver needs it in its conf: for a spark:// master Spark requires
+spark.authenticate.secret there; the env variable the daemons use is not enough.)"""
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from psbench.systems.base import option
 from psbench.systems.common import child_env
@@ -90,11 +99,11 @@ class SparkOptions:
         return workers if self.master(workers).startswith("local") else 0
 
     def driver_conf(self, token: str | None) -> dict[str, str]:
-        """The driver's addresses, Spark's authentication when there is a token, then spark_conf
-        (which may override any of them)."""
+        """The driver's addresses, Spark's authentication when there is a token (its secret goes
+        to get_session apart: never a --conf), then spark_conf (which may override any of them)."""
         conf = {"spark.driver.host": self.driver_host, "spark.driver.bindAddress": self.driver_bind or self.driver_host}
         if token:
-            conf.update({"spark.authenticate": "true", "spark.authenticate.secret": token})
+            conf["spark.authenticate"] = "true"
         return {**conf, **parse_conf(self.spark_conf)}
 
 
@@ -182,18 +191,46 @@ def _local_slots(master: str) -> int | None:
 def check_driver_exposure(conf: dict[str, str], insecure: bool) -> None:
     """A driver bound beyond loopback accepts connections from other hosts: it needs Spark's
     authentication (a token), or an explicit insecure=true."""
-    from psbench.systems.ps.server import is_loopback
+    from psbench.systems.ps.server import check_exposure
 
-    bind = conf.get("spark.driver.bindAddress", "127.0.0.1")
-    if not is_loopback(bind) and conf.get("spark.authenticate") != "true" and not insecure:
-        raise ConfigError(f"the Spark driver binds {bind}, which is reachable from other hosts: set "
-                          "PSBENCH_SPARK_TOKEN (Spark authentication; give the master and workers the same) "
-                          "or the option insecure=true")
+    check_exposure("the Spark driver", conf.get("spark.driver.bindAddress", "127.0.0.1"),
+                   conf.get("spark.authenticate") == "true", insecure,
+                   "set PSBENCH_SPARK_TOKEN (Spark authentication; give the master and workers the same) "
+                   "or the option insecure=true")
+
+
+_session_secret: str | None = None  # the authentication secret the active session was started with
+
+
+@contextmanager
+def secret_properties(secret: str | None) -> Iterator[None]:
+    """spark-submit reads spark.authenticate.secret from a properties file of this user's only
+    (named in PYSPARK_SUBMIT_ARGS), not from its command line; the file goes once the JVM is up."""
+    if secret is None:
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="psbench-spark-secret-")  # mode 0700
+    path = Path(folder) / "secret.properties"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"spark.authenticate.secret={secret}\n")
+    before = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {path} {before or 'pyspark-shell'}"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = before
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = None,
-                barrier_timeout_s: int = 300, insecure: bool = False) -> SessionInfo:
-    """The active session if it runs on `master` with `extra_conf`, else a fresh one."""
+                barrier_timeout_s: int = 300, insecure: bool = False, secret: str | None = None) -> SessionInfo:
+    """The active session if it runs on `master` with `extra_conf` (and `secret`, Spark's
+    authentication secret), else a fresh one."""
+    global _session_secret
     slots = _local_slots(master)
     if slots is not None and slots < workers:
         raise ConfigError(f"Spark master {master} has {slots} task slot(s), fewer than {workers} workers")
@@ -205,7 +242,8 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
     active = SparkContext._active_spark_context
     if active is not None:
         conf = active.getConf()
-        if active.master == master and all(conf.get(k) == v for k, v in extra_conf.items()):
+        if active.master == master and all(conf.get(k) == v for k, v in extra_conf.items()) \
+                and secret == _session_secret:
             return SessionInfo(SparkSession.builder.getOrCreate(), 0.0, True, master)
         SparkSession.builder.getOrCreate().stop()
 
@@ -241,7 +279,9 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
     for key, value in settings.items():
         builder = builder.config(key, value)
     start = time.perf_counter()
-    spark = builder.getOrCreate()
+    with secret_properties(secret):
+        spark = builder.getOrCreate()
+    _session_secret = secret
     spark.sparkContext.setLogLevel("ERROR")
     return SessionInfo(spark, time.perf_counter() - start, False, master)
 
@@ -388,7 +428,8 @@ def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw:
     configure_threads(1)
     token = os.environ.get("PSBENCH_SPARK_TOKEN") or None
     conf = options.driver_conf(token)
-    session = get_session(options.master(spec.workers), spec.workers, conf, insecure=options.insecure, **session_kw)
+    session = get_session(options.master(spec.workers), spec.workers, conf, insecure=options.insecure, secret=token,
+                          **session_kw)
     recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
                           spark_master=session.master, spark_driver=conf["spark.driver.host"],
                           spark_auth="token" if conf.get("spark.authenticate") == "true" else
