@@ -193,124 +193,160 @@ class ServerSnapshots:
         return self.snapshots
 
 
+class PSPhase:
+    """The processes of one PS phase, started (`with PSPhase(...) as phase:`: servers listening,
+    workers loaded, waiting), then trained from a given state (`phase.run(...)`). A switch starts
+    its async phase this way before its sync phase trains (a warm standby, as a hybrid system keeps
+    both runtimes up): the hand-over then moves only the state, the start step and the BatchNorm
+    statistics (with the workers' go), and the processes' start-up is launch cost."""
+
+    def __init__(self, prep: Prepared, options: PSOptions, fail_worker_at: tuple[int, int] | None = None):
+        self.prep, self.options = prep, options
+        spec, n = prep.spec, prep.spec.workers
+        self.shapes = [tuple(p.shape) for p in prep.build_model().parameters()]
+        partition_keys([math.prod(s) for s in self.shapes], options.servers)  # ConfigError before any process
+        opt = prep.workload.optimizer
+        self.step_rule = resolve_step(options.lr_scaling, options.momentum_scaling, options.consistency, n,
+                                      opt.momentum)
+        self.lr, self.server_momentum = prep.lr * self.step_rule.lr_factor, self.step_rule.momentum
+        # Neither is recorded: the manifest has the token file's name at most.
+        self.token = read_token(options.token_file) or secrets.token_hex(16)
+        self.server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation,
+                            "--lr", repr(self.lr), "--momentum", repr(self.server_momentum),
+                            "--weight-decay", repr(opt.weight_decay), "--step-timeout-s", repr(options.step_timeout_s),
+                            "--nonfinite", options.nonfinite, "--checkpoint-every", options.checkpoint_every,
+                            "--warmup", options.warmup]
+        if parse_consistency(options.consistency)[0] == "ssp":
+            self.server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]
+        # the start step and the BatchNorm statistics come with the go (run's arguments)
+        self.worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--timeout-s",
+                            repr(options.step_timeout_s + 60), "--retry-s", repr(options.retry_s)]
+        if options.pipeline:
+            self.worker_args.append("--pipeline")
+        self.extra = {0: ["--snapshots"]} if not spec.eval_every_s else {}  # worker 0's, or ServerSnapshots
+        if fail_worker_at is not None:
+            self.extra.setdefault(fail_worker_at[0], []).extend(["--fail-at-step", str(fail_worker_at[1])])
+        self.faults = options.faults(n)
+        if self.faults.kill_worker is not None:
+            self.extra.setdefault(self.faults.kill_worker[0], []).extend(
+                ["--halt-at-step", str(self.faults.kill_worker[1])])
+        self.scratch = None
+        if self.faults.kill_server is not None and self.faults.checkpoint_dir is None:
+            self.scratch = tempfile.TemporaryDirectory(prefix="psbench-ckpt-")
+            self.faults = dataclasses.replace(self.faults, checkpoint_dir=self.scratch.name)
+        self.cluster = Cluster(options.servers, n, self.token, options.host, faults=self.faults,
+                               consistency=options.consistency)
+        self.admin: KVWorker | None = None
+        self.addresses: list[str] = []
+
+    def __enter__(self) -> "PSPhase":
+        try:
+            self.cluster.__enter__()
+            self.addresses = self.cluster.start_servers(self.server_args)
+            self.admin = KVWorker(self.addresses, ADMIN, self.shapes, self.token).__enter__()
+            self.cluster.start_workers(self.worker_args, self.addresses, self.extra)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.admin is not None:
+            self.admin.close()
+        self.cluster.__exit__(*exc)
+        if self.scratch is not None:
+            self.scratch.cleanup()
+
+    def run(self, recorder: Recorder, init_params: np.ndarray | None = None,
+            init_momentum: np.ndarray | None = None, start_step: int = 0, init_buffers: np.ndarray | None = None,
+            before_go: Callable[[KVWorker], None] | None = None, start_t_wall: float | None = None,
+            evaluate_start: bool = True) -> PhaseResult:
+        """Train from `init_params` (default: the seeded model) and optimizer state `init_momentum`,
+        workers continuing at `start_step` with BatchNorm running statistics `init_buffers`
+        (default: the seeded model's). Records step rows and evaluations into `recorder`; starts
+        its clock if not running, leaves it running. `before_go(admin)` runs once the shards hold
+        their initial state, just before the workers are released (a switch checks the hand-off)."""
+        prep, options, cluster, admin, shapes = self.prep, self.options, self.cluster, self.admin, self.shapes
+        spec, n = prep.spec, prep.spec.workers
+        assert admin is not None, "PSPhase.run outside its `with`"
+        model = prep.build_model()
+        loss_fn = prep.workload.loss_fn()
+        flat0 = flat_params(model) if init_params is None else np.asarray(init_params, dtype=np.float32)
+        admin.init(split_flat(flat0, shapes), step=start_step)
+        if init_momentum is not None and self.server_momentum:
+            admin.init(split_flat(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
+        if before_go is not None:
+            before_go(admin)
+        if recorder.t0 is None:
+            recorder.start_clock()
+        t_start = recorder.now()
+        go_t0 = time.time() - t_start
+        timer = (ServerSnapshots(self.addresses, shapes, self.token, spec.eval_every_s, recorder, t_start, start_step,
+                                 1 if parse_consistency(options.consistency)[0] == "bsp" else n)
+                 if spec.eval_every_s else None)
+        buffers = np.asarray(init_buffers if init_buffers is not None else np.zeros(0), np.float32)
+        cluster.go(go_t0, start_step, buffers)
+        try:
+            reports = cluster.collect()
+        finally:
+            snapshots = timer.stop() if timer is not None else []
+        t_end = recorder.now()
+        with recorder.paused():
+            final = np.concatenate([a.reshape(-1) for a in admin.state("params")])
+            momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
+                        if self.server_momentum else None)
+            stats = admin.stats()
+            admin.shutdown()
+            cluster.wait_workers()
+            cluster.wait_servers()
+        for e in cluster.events:  # worker_lost, server_lost, server_restarted, *_killed (injected)
+            recorder.event(e["kind"], step=e["step"], worker=e["worker"], t_wall=e["t"] - go_t0, **e["detail"])
+        with recorder.paused():
+            steps: dict[int, int] = {}
+            rows = []
+            for w, rep in sorted(reports.items()):
+                cols = rep.rows
+                rows += [{"worker": w, **dict(zip(cols, values))} for values in zip(*(cols[c] for c in cols))]
+                steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
+            if parse_consistency(options.consistency)[0] != "asp":
+                split_sync_wait(rows)  # bsp/ssp: a blocked push+pull is mostly waiting for the others
+            recorder.add_steps(rows)
+            if len(buffers):
+                set_flat_buffers(model, buffers)
+            buffers0 = flat_buffers(model)
+            # The starting weights are evaluated as of when they existed (a switch: its sync phase's end),
+            # unless the phase before has evaluated these very weights (a switch's timer).
+            evals = ([(start_step, t_start if start_t_wall is None else start_t_wall,
+                       np.concatenate([flat0, buffers0]))] if evaluate_start else [])
+            rep0 = reports.get(0)
+            if timer is not None:  # the servers' parameters on the timer's schedule (no BatchNorm: check_spec)
+                evals += [(step, t_wall, np.concatenate([flat, buffers0])) for step, t_wall, flat in snapshots]
+            elif rep0 is not None:
+                evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))
+            final_buffers = rep0.final_buffers if rep0 is not None and not rep0.lost else buffers0
+            evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
+            evaluate_snapshots(recorder, model, loss_fn, prep.data, evals)
+        ps_extra = recorder.extra.setdefault("ps", {"phases": []})
+        ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
+                                   "mitigation": options.mitigation, "lr_applied": self.lr,
+                                   "momentum_applied": self.server_momentum, "async_step": self.step_rule.describe(),
+                                   "warmup": parse_warmup(options.warmup).describe(), "start_step": start_step,
+                                   "shards": stats,
+                                   "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
+                                              "server_restarts": cluster.restarts,
+                                              "lost_updates": sum(r["lost_updates"] or 0 for r in cluster.restarts)}})
+        return PhaseResult(final, momentum, steps, stats, final_buffers)
+
+
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
                  fail_worker_at: tuple[int, int] | None = None, init_buffers: np.ndarray | None = None,
                  before_go: Callable[[KVWorker], None] | None = None,
                  start_t_wall: float | None = None, evaluate_start: bool = True) -> PhaseResult:
-    """Train prep.spec's workload on the PS from `init_params` (default: the seeded model) and
-    optimizer state `init_momentum`, workers continuing at `start_step` with BatchNorm running
-    statistics `init_buffers` (default: the seeded model's). Records step rows and evaluations
-    into `recorder`; starts its clock if not running, leaves it running. `before_go(admin)` runs once
-    every process is ready and the shards hold their initial state, just before the workers are
-    released (a switch settles its clock there and checks the hand-off)."""
-    spec = prep.spec
-    n = spec.workers
-    model = prep.build_model()
-    loss_fn = prep.workload.loss_fn()
-    shapes = [tuple(p.shape) for p in model.parameters()]
-    partition_keys([math.prod(s) for s in shapes], options.servers)  # ConfigError before any process starts
-    flat0 = flat_params(model) if init_params is None else np.asarray(init_params, dtype=np.float32)
-    opt = prep.workload.optimizer
-    step_rule = resolve_step(options.lr_scaling, options.momentum_scaling, options.consistency, n, opt.momentum)
-    lr, server_momentum = prep.lr * step_rule.lr_factor, step_rule.momentum
-    # Neither is recorded: the manifest has the token file's name at most.
-    token = read_token(options.token_file) or secrets.token_hex(16)
-    server_args = ["--consistency", options.consistency, "--mitigation", options.mitigation, "--lr", repr(lr),
-                   "--momentum", repr(server_momentum), "--weight-decay", repr(opt.weight_decay),
-                   "--step-timeout-s", repr(options.step_timeout_s), "--nonfinite", options.nonfinite,
-                   "--checkpoint-every", options.checkpoint_every, "--warmup", options.warmup]
-    if parse_consistency(options.consistency)[0] == "ssp":
-        server_args += ["--worker-timeout-s", repr(options.worker_timeout_s)]
-    worker_args = ["--spec-json", json.dumps(spec.to_dict()), "--start-step", str(start_step),
-                   "--timeout-s", repr(options.step_timeout_s + 60), "--retry-s", repr(options.retry_s)]
-    if options.pipeline:
-        worker_args.append("--pipeline")
-    extra = {0: ["--snapshots"]} if not spec.eval_every_s else {}  # worker 0's, or the timer's (ServerSnapshots)
-    buffers_dir = tempfile.TemporaryDirectory(prefix="psbench-ps-buffers-")
-    if init_buffers is not None and len(init_buffers):
-        path = Path(buffers_dir.name) / "buffers.npy"
-        np.save(path, np.asarray(init_buffers, np.float32), allow_pickle=False)
-        worker_args += ["--init-buffers", str(path)]
-    if fail_worker_at is not None:
-        extra.setdefault(fail_worker_at[0], []).extend(["--fail-at-step", str(fail_worker_at[1])])
-    faults = options.faults(n)
-    if faults.kill_worker is not None:
-        extra.setdefault(faults.kill_worker[0], []).extend(["--halt-at-step", str(faults.kill_worker[1])])
-    scratch = None
-    if faults.kill_server is not None and faults.checkpoint_dir is None:
-        scratch = tempfile.TemporaryDirectory(prefix="psbench-ckpt-")
-        faults = dataclasses.replace(faults, checkpoint_dir=scratch.name)
-    with buffers_dir, Cluster(options.servers, n, token, options.host, faults=faults,
-                              consistency=options.consistency) as cluster:
-        addresses = cluster.start_servers(server_args)
-        with KVWorker(addresses, ADMIN, shapes, token) as admin:
-            admin.init(split_flat(flat0, shapes), step=start_step)
-            if init_momentum is not None and server_momentum:
-                admin.init(split_flat(np.asarray(init_momentum, np.float32), shapes), slot="momentum")
-            cluster.start_workers(worker_args, addresses, extra)
-            if before_go is not None:
-                before_go(admin)
-            if recorder.t0 is None:
-                recorder.start_clock()
-            t_start = recorder.now()
-            go_t0 = time.time() - t_start
-            timer = (ServerSnapshots(addresses, shapes, token, spec.eval_every_s, recorder, t_start, start_step,
-                                     1 if parse_consistency(options.consistency)[0] == "bsp" else n)
-                     if spec.eval_every_s else None)
-            cluster.go(go_t0)
-            try:
-                reports = cluster.collect()
-            finally:
-                snapshots = timer.stop() if timer is not None else []
-            t_end = recorder.now()
-            with recorder.paused():
-                final = np.concatenate([a.reshape(-1) for a in admin.state("params")])
-                momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
-                            if server_momentum else None)
-                stats = admin.stats()
-                admin.shutdown()
-                cluster.wait_workers()
-                cluster.wait_servers()
-    if scratch is not None:
-        scratch.cleanup()
-    for e in cluster.events:  # worker_lost, server_lost, server_restarted, *_killed (injected)
-        recorder.event(e["kind"], step=e["step"], worker=e["worker"], t_wall=e["t"] - go_t0, **e["detail"])
-    with recorder.paused():
-        steps: dict[int, int] = {}
-        rows = []
-        for w, rep in sorted(reports.items()):
-            cols = rep.rows
-            rows += [{"worker": w, **dict(zip(cols, values))} for values in zip(*(cols[c] for c in cols))]
-            steps[w] = (cols["step"][-1] + 1) if cols["step"] else start_step
-        if parse_consistency(options.consistency)[0] != "asp":
-            split_sync_wait(rows)  # bsp/ssp: a blocked push+pull is mostly waiting for the others
-        recorder.add_steps(rows)
-        if init_buffers is not None and len(init_buffers):
-            set_flat_buffers(model, init_buffers)
-        buffers0 = flat_buffers(model)
-        # The starting weights are evaluated as of when they existed (a switch: its sync phase's end).
-        evals = [(start_step, t_start if start_t_wall is None else start_t_wall, np.concatenate([flat0, buffers0]))]
-        if not evaluate_start:  # the phase before has evaluated these very weights (a switch's timer)
-            evals = []
-        rep0 = reports.get(0)
-        if timer is not None:  # the servers' parameters on the timer's schedule (no BatchNorm: check_spec)
-            evals += [(step, t_wall, np.concatenate([flat, buffers0])) for step, t_wall, flat in snapshots]
-        elif rep0 is not None:
-            evals += list(zip(rep0.snapshot_steps, rep0.snapshot_t, rep0.snapshots))
-        final_buffers = rep0.final_buffers if rep0 is not None and not rep0.lost else buffers0
-        evals.append((steps.get(0, start_step), t_end, np.concatenate([final, final_buffers])))
-        evaluate_snapshots(recorder, model, loss_fn, prep.data, evals)
-    ps_extra = recorder.extra.setdefault("ps", {"phases": []})
-    ps_extra["phases"].append({"consistency": options.consistency, "servers": options.servers,
-                               "mitigation": options.mitigation, "lr_applied": lr, "momentum_applied": server_momentum,
-                               "async_step": step_rule.describe(), "warmup": parse_warmup(options.warmup).describe(),
-                               "start_step": start_step,
-                               "shards": stats,
-                               "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
-                                          "server_restarts": cluster.restarts,
-                                          "lost_updates": sum(r["lost_updates"] or 0 for r in cluster.restarts)}})
-    return PhaseResult(final, momentum, steps, stats, final_buffers)
+    """Start a PS phase's processes and train it (PSPhase.run's arguments)."""
+    with PSPhase(prep, options, fail_worker_at) as phase:
+        return phase.run(recorder, init_params, init_momentum, start_step, init_buffers, before_go, start_t_wall,
+                         evaluate_start)
 
 
 # CPU a shard spends on one push+pull: decoding, the policy and SGD, encoding (about 0.1-0.2 ms in

@@ -283,11 +283,15 @@ class Cluster:
             if msg.op == "worker_ready":
                 self.worker_idents[msg.worker] = ident
 
-    def go(self, t0: float) -> None:
-        """Release every worker at once; t0 is the epoch time their t_wall counts from."""
+    def go(self, t0: float, start_step: int = 0, buffers: np.ndarray | None = None) -> None:
+        """Release every worker at once; t0 is the epoch time their t_wall counts from. They start at
+        `start_step` of their batch stream, with these BatchNorm running statistics if any (the
+        state a phase before left: workers started ahead of it learn it only now)."""
         self.go_time = t0
+        arrays = [np.asarray(buffers, np.float32)] if buffers is not None and len(buffers) else []
         for ident in self.worker_idents.values():
-            self.control.send_multipart([ident, *protocol.encode("go", token=self.token, t0=t0)])
+            self.control.send_multipart([ident, *protocol.encode("go", token=self.token, t0=t0, step=start_step,
+                                                                 keys=list(range(len(arrays))), arrays=arrays)])
 
     def collect(self, timeout_s: float | None = None) -> dict[int, WorkerReport]:
         """Wait for every worker's report; a failed worker stops everything (LaunchError)."""
@@ -334,11 +338,12 @@ class WorkerControl:
     def __exit__(self, *exc: Any) -> None:
         self.sock.close()
 
-    def wait_go(self) -> float:
+    def wait_go(self) -> tuple[float, int, np.ndarray | None]:
+        """Say ready, wait for the go: (t0, the step to start at, BatchNorm statistics or None)."""
         self.sock.send_multipart(protocol.encode("worker_ready", worker=self.worker_id, token=self.token))
         self.sock.poll()  # a launcher that dies meanwhile ends us (watch_launcher)
         msg = protocol.decode(self.sock.recv_multipart(copy=False), ops=protocol.CONTROL_OPS)
-        return float(msg.extra["t0"])
+        return float(msg.extra["t0"]), int(msg.step), (np.array(msg.arrays[0]) if msg.arrays else None)
 
     def progress(self, step: int, rows: dict[str, list], halted: bool = False) -> None:
         """New step rows and the step reached; halted (fault injection): wait here to be killed."""

@@ -515,7 +515,10 @@ def _main(args: argparse.Namespace) -> int:
                                   ctl.progress, args.halt_at_step, args.pipeline)
                 if init_buffers is not None:
                     trainer.load_buffers(init_buffers)
-                t0 = ctl.wait_go()
+                t0, start_step, go_buffers = ctl.wait_go()  # a phase before may set where to start
+                trainer.start_step = max(trainer.start_step, start_step)
+                if go_buffers is not None:
+                    trainer.load_buffers(go_buffers)
                 result = trainer.run(t0)
                 ctl.done(result)
         else:

@@ -7,12 +7,15 @@ and batch stream, for the rest of the step budget. One run, one clock, one set o
 Hand-over: the DDP ranks stop together after the step where the criterion fired; rank 0's state
 goes through the job directory (raw .npy) into the PS shards (`init`), whose state is read back
 and compared bit for bit before the PS workers start (manifest: extra.switch.handover_exact).
-The hand-over (phase 2's processes starting, loading data, the shards taking the state) is on the
-training clock: a switch pays it before its async phase trains, so time to accuracy includes it.
-Its length is also shown on its own: extra.switch.handover_s and a `handover` event.
+Phase 2's processes (shards, workers with their data) are started before phase 1 and wait: a
+warm standby, as a hybrid system keeps both runtimes up, so their start-up is launch cost. The
+hand-over (phase 1's ranks leaving, the state into the shards, the go) is on the training clock:
+a switch pays it before its async phase trains, so time to accuracy includes it. Its length is
+also shown on its own: extra.switch.handover_s and a `handover` event.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
@@ -27,7 +30,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import common_steps, read_buffers, read_state
 from psbench.systems.base import option
 from psbench.systems.common import Prepared, configure_threads, prepare
-from psbench.systems.ps.adapter import PSOptions, PSSystem, check_timer_model, run_ps_phase, shard_cpu
+from psbench.systems.ps.adapter import PSOptions, PSPhase, PSSystem, check_timer_model, run_ps_phase, shard_cpu
 from psbench.systems.ps.policies import parse_consistency
 from psbench.systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
 from psbench.core.errors import ConfigError
@@ -159,31 +162,39 @@ class SwitchSystem:
                                 "sync": options.sync, "async": options.async_consistency,
                                 "mitigation": options.mitigation, "sync_budget_steps": budget}
         recorder.extra["switch"] = info
-        phase1 = (_phase1_ddp if options.sync == "ddp" else _phase1_ps_bsp)(spec, prep, options, recorder, budget)
-        info.update(fired=phase1.fired, switch_step=phase1.steps if phase1.fired else None,
-                    switch_t_wall=phase1.t_end if phase1.fired else None, phase1_steps=phase1.steps)
-        if not phase1.fired:  # the clock is phase 1's (adopted): its end, not this process's later one
-            info["note"] = "criterion never fired: phase 1 (sync) ran the whole budget, no async phase"
-            return
-        handover: dict[str, Any] = {}
+        with contextlib.ExitStack() as stack:
+            # Phase 2's processes start first and wait (a warm standby, launch cost): the hand-over
+            # then moves the state only. (After a ps-bsp phase 1 they start at the switch instead.)
+            standby = (stack.enter_context(PSPhase(prep, options.ps_options(options.async_consistency)))
+                       if options.sync == "ddp" else None)
+            info["phase2_started"] = "before phase 1 (standby)" if standby is not None else "at the switch"
+            phase1 = (_phase1_ddp if options.sync == "ddp" else _phase1_ps_bsp)(spec, prep, options, recorder, budget)
+            info.update(fired=phase1.fired, switch_step=phase1.steps if phase1.fired else None,
+                        switch_t_wall=phase1.t_end if phase1.fired else None, phase1_steps=phase1.steps)
+            if not phase1.fired:  # the clock is phase 1's (adopted): its end, not this process's later one
+                info["note"] = "criterion never fired: phase 1 (sync) ran the whole budget, no async phase"
+                return
+            handover: dict[str, Any] = {}
 
-        def before_go(admin) -> None:
-            params = np.concatenate([a.reshape(-1) for a in admin.state("params")])
-            momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
-                        if phase1.momentum is not None and prep.workload.optimizer.momentum else None)
-            handover["exact"] = bool(np.array_equal(params, phase1.weights) and
-                                     (momentum is None or np.array_equal(momentum, phase1.momentum)))
-            if HANDOVER_HOOK is not None:
-                HANDOVER_HOOK({"phase1_weights": phase1.weights, "phase1_momentum": phase1.momentum,
-                               "server_params": params, "server_momentum": momentum})
-            # Phase 2's start-up (processes, data loading, the state hand-over) stays on the clock.
-            handover["s"] = time.time() - phase1.epoch_end
-            recorder.event("handover", step=phase1.steps, seconds=handover["s"], exact=handover["exact"])
+            def before_go(admin) -> None:
+                params = np.concatenate([a.reshape(-1) for a in admin.state("params")])
+                momentum = (np.concatenate([a.reshape(-1) for a in admin.state("momentum")])
+                            if phase1.momentum is not None and prep.workload.optimizer.momentum else None)
+                handover["exact"] = bool(np.array_equal(params, phase1.weights) and
+                                         (momentum is None or np.array_equal(momentum, phase1.momentum)))
+                if HANDOVER_HOOK is not None:
+                    HANDOVER_HOOK({"phase1_weights": phase1.weights, "phase1_momentum": phase1.momentum,
+                                   "server_params": params, "server_momentum": momentum})
+                # The hand-over (phase 1's ranks leaving, the state into the shards; phase 2's
+                # processes too when they start here) stays on the clock.
+                handover["s"] = time.time() - phase1.epoch_end
+                recorder.event("handover", step=phase1.steps, seconds=handover["s"], exact=handover["exact"])
 
-        result = run_ps_phase(prep, options.ps_options(options.async_consistency), recorder,
-                              init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
-                              init_buffers=phase1.buffers, before_go=before_go, start_t_wall=phase1.t_end,
-                              evaluate_start=spec.eval_every_s is None)
+            state = dict(init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
+                         init_buffers=phase1.buffers, before_go=before_go, start_t_wall=phase1.t_end,
+                         evaluate_start=spec.eval_every_s is None)
+            result = (standby.run(recorder, **state) if standby is not None else
+                      run_ps_phase(prep, options.ps_options(options.async_consistency), recorder, **state))
         recorder.stop_clock()
         info.update(handover_exact=handover.get("exact"), handover_s=handover.get("s"), handover_on_clock=True,
                     phase2_steps={str(w): n - phase1.steps for w, n in result.steps.items()})
