@@ -174,11 +174,13 @@ class TreeSampler:
         cpu = sampler.cpu_between([(t0, t1)])   # {role: CPU seconds}, interpolated between samples
 
     A process's figure is its own CPU plus its reaped children's. When one leaves the tree (it
-    exited and was reaped), its last figure stays with its role, and as much is taken from the role
-    of its nearest ancestor still there, whose children's times took in the same seconds: so a role
-    keeps what its processes used, and the total stays the kernel's. Only as much as that ancestor's
-    children's times grew is taken: a process reaped unaccounted (its parent ignores SIGCHLD) or
-    moved out of the tree (its parent died) took nothing there.
+    exited, or was reaped), its last figure stays with its role, and as much is taken from the role
+    of its nearest ancestor still there as that ancestor's children's times take in, now or when it
+    reaps it: so a role keeps what its processes used, and the total stays the kernel's. A process
+    reaped unaccounted (its parent ignores SIGCHLD) or moved out of the tree (its parent died) adds
+    nothing there, and nothing is taken. A process already there at the first
+    sample that no role claims is not the run's (a Spark gateway JVM an earlier run left, which
+    pyspark keeps for the life of this process): it counts nowhere, nor does its reaping.
     """
     classify: Callable[[str], str]
     self_role: str = LAUNCHER
@@ -187,6 +189,8 @@ class TreeSampler:
     _roles: dict[int, str] = field(default_factory=dict, init=False)  # pid -> role, kept for a zombie
     _last: dict[int, _Seen] = field(default_factory=dict, init=False)
     _moved: dict[str, float] = field(default_factory=lambda: defaultdict(float), init=False)
+    _foreign: set[int] | None = field(default=None, init=False)
+    _owed: dict[int, float] = field(default_factory=lambda: defaultdict(float), init=False)  # per reaper
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
@@ -234,20 +238,26 @@ class TreeSampler:
             if before is not None and before.role != seen.role:
                 self._moved[before.role] += before.total
                 self._moved[seen.role] -= before.total
-        taken: dict[int, float] = defaultdict(float)  # per reaper: its children's growth already matched
+        if self._foreign is None:
+            self._foreign = {pid for pid, seen in now.items() if pid != me.pid and seen.role == LAUNCHER}
         for pid in sorted(self._last.keys() - now.keys()):  # left the tree since the last sample
             gone = self._last[pid]
-            self._moved[gone.role] += gone.total
+            if pid not in self._foreign:
+                self._moved[gone.role] += gone.total
             reaper = self._ancestor_in(pid, now)
-            if reaper is not None:
-                before = self._last[reaper].children if reaper in self._last else 0.0
-                share = min(gone.total, max(0.0, now[reaper].children - before - taken[reaper]))
-                taken[reaper] += share
-                self._moved[now[reaper].role] -= share
+            if reaper is not None:  # its reaper's children's times take it in now, or once it is reaped
+                self._owed[reaper] += gone.total
+        for pid in [p for p in self._owed if p in now]:
+            grew = now[pid].children - (self._last[pid].children if pid in self._last else 0.0)
+            paid = min(self._owed[pid], max(0.0, grew))
+            self._moved[now[pid].role] -= paid
+            self._owed[pid] -= paid
+        self._owed = defaultdict(float, {pid: v for pid, v in self._owed.items() if pid in now and v > 0})
         self._last = now
         totals: dict[str, float] = defaultdict(float, self._moved)
-        for seen in now.values():
-            totals[seen.role] += seen.total
+        for pid, seen in now.items():
+            if pid not in self._foreign:
+                totals[seen.role] += seen.total
         self.samples.append((time.time(), dict(totals)))
 
     def _ancestor_in(self, pid: int, now: dict[int, _Seen]) -> int | None:
