@@ -191,6 +191,7 @@ class TreeSampler:
     _moved: dict[str, float] = field(default_factory=lambda: defaultdict(float), init=False)
     _foreign: set[int] | None = field(default=None, init=False)
     _owed: dict[int, float] = field(default_factory=lambda: defaultdict(float), init=False)  # per reaper
+    _cost: float = field(default=0.0, init=False)  # CPU seconds the sampling itself took
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
@@ -215,7 +216,9 @@ class TreeSampler:
         """Take one sample now (the thread does every interval_s; a caller may at a moment that
         matters, such as the start of training)."""
         with self._lock:
+            start = time.thread_time()
             self._sample()
+            self._cost += time.thread_time() - start  # the measuring is not the run's: left out
 
     def _sample(self) -> None:
         import psutil
@@ -225,7 +228,8 @@ class TreeSampler:
             tree = [me, *me.children(recursive=True)]
         except psutil.Error:
             tree = [me]
-        now: dict[int, _Seen] = {me.pid: _Seen(self.self_role, *_own_usage(), 0)}
+        own, children = _own_usage()
+        now: dict[int, _Seen] = {me.pid: _Seen(self.self_role, own - self._cost, children, 0)}
         for proc in tree[1:]:
             try:
                 t = proc.cpu_times()  # in clock ticks (10 ms): fine over a span of seconds
