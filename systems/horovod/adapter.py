@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
@@ -58,6 +59,12 @@ def is_local(hosts: str) -> bool:
 class HorovodSystem:
     name = "horovod"
     Options = HorovodOptions
+
+    @staticmethod
+    def cpu_processes(options: HorovodOptions, workers: int) -> list[Proc]:
+        # horovodrun's command line names the worker module too: it is matched first
+        return [Proc("horovodrun", 1, r"psbench\.systems\.horovod\.run\b|horovodrun"),
+                Proc(WORKERS, workers, r"psbench\.systems\.horovod\.worker")]
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -1,6 +1,7 @@
 """The single-process baseline: plain SGD on one core."""
 from __future__ import annotations
 
+from psbench.core.cpu import WORKERS
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.base import NoOptions
@@ -12,6 +13,7 @@ class SingleSystem:
     name = "single"
     Options = NoOptions
     max_workers = 1
+    cpu_self_role = WORKERS  # the worker is this process: no launcher besides it
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
