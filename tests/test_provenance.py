@@ -56,3 +56,20 @@ def test_outside_a_checkout_nothing_is_claimed(tmp_path):
     stamp = provenance(tmp_path)
     assert stamp["git_sha"] is None and stamp["git_dirty"] is None and stamp["git_dirty_paths"] is None
 
+
+def test_a_run_manifest_records_provenance_and_data_fingerprints(results_dir, monkeypatch):
+    from psbench.bench.harness.runner import plan, run_one
+    from psbench.core.spec import RunSpec
+
+    monkeypatch.setattr(records, "git_dirty_paths", lambda repo=None: ["systems/ps/server.py"])
+    result = run_one(plan(RunSpec("single", "mlp-digits", max_steps=5), allow_oversubscribe=True), results_dir, "p")
+    manifest = json.loads((result.out_dir / "manifest.json").read_text())
+    assert manifest["git_dirty"] is True and manifest["git_dirty_paths"] == ["systems/ps/server.py"]
+    data = manifest["extra"]["data"]
+    shards = json.loads((result.out_dir / "shards.json").read_text())
+    assert data["dataset"] == "digits" and data["fingerprint"].startswith("sha256:")
+    assert data["shard_plan"] == shards["fingerprint"]
+    other = run_one(plan(RunSpec("single", "mlp-digits", max_steps=5, seed=1), allow_oversubscribe=True),
+                    results_dir, "p")
+    other_data = json.loads((other.out_dir / "manifest.json").read_text())["extra"]["data"]
+    assert other_data["fingerprint"] == data["fingerprint"] and other_data["shard_plan"] != data["shard_plan"]

@@ -22,6 +22,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
 from psbench.workloads import get_workload
+from psbench.workloads.datasets import data_fingerprint
 from psbench.core.errors import ConfigError
 from psbench.workloads.sharding import parse_strategy
 
@@ -288,10 +289,19 @@ def record_run(planned: PlannedRun, quiet: bool = False) -> Recorder:
             conditions["cpu_measured"] = measured.pop("total")
             conditions["cpu_measured_roles"] = measured
             conditions["cpu_span_s"] = round(span_s, 4)
+    recorder.extra["data"] = data_provenance(spec, recorder.shard_report)
     for worker, step, ms in stall_schedule(spec.stragglers, spec.seed, [(r["worker"], r["step"]) for r in recorder.steps]):
         t_wall = next(r["t_wall"] for r in recorder.steps if r["worker"] == worker and r["step"] == step)
         recorder.event("stall", step=step, worker=worker, t_wall=t_wall, ms=ms)
     return recorder
+
+
+def data_provenance(spec: RunSpec, shard_report: dict[str, Any] | None) -> dict[str, Any]:
+    """What a run trained on: its dataset's fingerprint (kept beside the cache, or of the arrays)
+    and its shard plan's, from the shard report the run wrote."""
+    workload = get_workload(spec.workload)
+    return {"dataset": workload.dataset, "fingerprint": data_fingerprint(workload.load_data(data_dir=spec.data_dir)),
+            "shard_plan": (shard_report or {}).get("fingerprint")}
 
 
 def run_one(planned: PlannedRun, results_dir: Path, suite: str, record_format: str = DEFAULT_FORMAT) -> RunResult:
