@@ -1,4 +1,4 @@
-"""CPU figures of a system's processes, measured on this machine by two short runs and cached.
+"""CPU figures of a system's processes, measured on this machine by a few short runs and cached.
 
 A system declares its processes (`cpu_processes`: workers, PS shards, Ray's daemons, RPC shards, a
 Spark driver, and this launcher); what each costs is measured, not assumed. The system runs with 2
