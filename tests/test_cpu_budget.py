@@ -157,7 +157,7 @@ def test_a_run_records_the_cpu_its_processes_used(monkeypatch):
     roles = conditions["cpu_measured_roles"]
     assert roles[WORKERS] > 0 and roles["ps shard"] > 0
     assert conditions["cpu_measured"] == pytest.approx(sum(roles.values()), abs=1e-3)
-    assert 0 < conditions["cpu_span_s"] and conditions["cpu_measured"] <= 2.05
+    assert conditions["cpu_span_s"] > 0
 
 
 def test_calibration_is_measured_once_and_cached(monkeypatch, tmp_path):
