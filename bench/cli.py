@@ -78,7 +78,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "workers (ps), or seconds=T of the training clock (single, ps, ddp, horovod, switch: "
                         "both phases)")
     c.add_argument("--allow-oversubscribe", action="store_true",
-                   help="run even when workers + servers need more cores than this machine has (recorded)")
+                   help="with --config: run even the runs whose processes need more cores than this machine has "
+                        "(recorded; a single run asked for by hand always runs, with a warning)")
     o = p.add_argument_group("where results go")
     o.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS, help="results root (default ./results)")
     o.add_argument("--suite", help="results sub-folder (default: the config's suite, or 'runs')")
@@ -163,7 +164,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                          options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
                          stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)]
         suite = args.suite or "runs"
-    allow = args.allow_oversubscribe or (args.config is not None and experiment.allow_oversubscribe)
+    # One run asked for by hand runs as asked, oversubscribed or not (as horovodrun or spark-submit
+    # would), with a warning and the plan in its manifest; a suite refuses unless allowed.
+    allow = args.allow_oversubscribe or args.config is None or experiment.allow_oversubscribe
     results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,
                       allow_oversubscribe=allow, record_format=args.record_format)
     _print_summaries([r for r in results if r is not None])

@@ -19,11 +19,13 @@ T0 = 1_700_000_000.0  # a fixed training-clock origin for fixture runs
 def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, steps: int = 24,
              acc_max: float = 0.9, tau: float = 0.3, final_noise: float = 0.0, staleness: list[int] | None = None,
              switch_at: int | None = None, shards: bool = False, target: float = 0.85,
-             parts: dict[str, float] | None = None, setup_s: float = 0.5, handover_s: float | None = None) -> None:
+             parts: dict[str, float] | None = None, setup_s: float = 0.5, handover_s: float | None = None,
+             conditions: dict | None = None) -> None:
     """One run of `spec.system` as a real Recorder would write it: `steps` steps per worker, each
     taking step_s; validation accuracy climbs to acc_max with time constant tau seconds. `parts`:
     the step's time breakdown as fractions of step_s (compute_s, emulated_s, comm_s, wait_s);
-    setup_s the launch cost, handover_s a Strategy-Switch hand-over kept off the clock."""
+    setup_s the launch cost, handover_s a Strategy-Switch hand-over kept off the clock; `conditions`
+    the manifest's (the CPU plan and what the run used)."""
     rng = np.random.default_rng(zlib.crc32(spec.run_id.encode()))
     rec = Recorder(spec, target_accuracy=target)
     batch = spec.batch_size or 32
@@ -50,6 +52,8 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
         plan = make_shards(labels, features, spec.workers, spec.sharding,
                            spec.seed)
         rec.shard_report = plan.report(labels, 10)
+    if conditions is not None:
+        rec.extra["conditions"] = conditions
     rec.t0 = T0
     rec.extra["setup_s"] = setup_s
     rec.t_end = T0 + steps * step_s * (1 + 0.02 * (spec.workers - 1))

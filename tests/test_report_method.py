@@ -154,6 +154,26 @@ def test_too_short_runs_are_flagged_and_budgets_named(tmp_path):
     assert "too short to compare" in md and "updates=500" in md and "steps per worker" in md
 
 
+def test_runs_whose_measured_cpu_filled_the_cores_or_beat_the_plan_are_flagged(tmp_path):
+    """The Runs table puts each run's planned cores beside those its processes used; a run that kept
+    >= 95% of the cores busy, or used well beyond its plan, is flagged and warned about."""
+    specs = [RunSpec("ps", "mlp-digits", workers=w, batch_size=16, seed=w) for w in (1, 2, 4)]
+    used = {1: (0.4, 0.45), 2: (0.9, 1.96), 4: (0.5, 0.9)}  # planned, used on 2 cores
+    for spec in specs:
+        planned, measured = used[spec.workers]
+        fake_run(tmp_path, "cpu", spec, step_s=0.01, conditions={"cores": 2.0, "cpu_demand": planned,
+                                                                 "cpu_measured": measured, "oversubscribed": False})
+    res = _report_res(tmp_path / "cpu")
+    runs = runs_table(res).set_index("workers")
+    assert list(runs["CPU planned"]) == [0.4, 0.9, 0.5] and list(runs["CPU used"]) == [0.45, 1.96, 0.9]
+    assert runs.loc[1, "CPU flag"] == "no"
+    assert runs.loc[2, "CPU flag"].startswith("used 1.96 of 2 cores")
+    assert runs.loc[4, "CPU flag"] == "used 0.90, planned 0.50"
+    assert any(w.startswith("Warning: 2 run(s) kept (nearly) all the cores busy") for w in warnings_text(res))
+    fake_run(tmp_path, "old", specs[0], step_s=0.01)  # written before cpu_measured: no columns, no flag
+    assert "CPU used" not in runs_table(_report_res(tmp_path / "old"))
+
+
 def test_results_without_budget_or_breakdown_still_read(tmp_path):
     fake_run(tmp_path, "old", RunSpec("ddp", "mlp-digits", workers=2, batch_size=16), step_s=0.01)
     run_dir = next((tmp_path / "old").iterdir())

@@ -97,3 +97,18 @@ def test_distribution_aware_plans_are_cached_per_data_workers_and_seed(digits, t
     make_shards_cached(y[:-1], x[:-1], 4, "distribution-aware:60", 0, tmp_path)  # other data: another plan
     make_shards_cached(y, x, 4, "random", 0, tmp_path)  # a permutation: never cached
     assert len(list(tmp_path.glob("shards-*.npz"))) == 3
+
+
+def test_a_cached_plan_is_keyed_by_the_k_means_version_and_fingerprinted(digits, tmp_path, monkeypatch) -> None:
+    """Another scikit-learn (its PCA and k-means make the plan) is a cache miss; a plan's report
+    carries the fingerprint of its indices, which differs between plans."""
+    from psbench.workloads import sharding
+
+    x, y = digits.x_train, digits.y_train
+    plan = make_shards_cached(y, x, 4, "distribution-aware:60", 0, tmp_path)
+    monkeypatch.setattr(sharding, "package_version", lambda name: "0.0-other")
+    make_shards_cached(y, x, 4, "distribution-aware:60", 0, tmp_path)
+    assert len(list(tmp_path.glob("shards-*.npz"))) == 2
+    report = plan.report(y, 10)
+    assert report["fingerprint"] == plan.fingerprint() == make_shards(y, x, 4, "distribution-aware:60", 0).fingerprint()
+    assert report["fingerprint"] != make_shards(y, x, 4, "random", 0).fingerprint()

@@ -124,4 +124,13 @@ def test_simulate_cli_writes_plot_and_table(tmp_path: Path, capsys):
     ring8 = table[(table.curve == "ring allreduce") & (table.workers == 8)].iloc[0]
     assert ring8["step_s"] == pytest.approx(0.1 + 2 * 7 / 8 * 0.01 + 7 * 0.001)
     assert Calibration.from_json((tmp_path / "sim" / "calibration.json").read_text()) == HAND
+    # every file names the commit that made it, and provenance.json lists them with the versions
+    stamp = json.loads((tmp_path / "sim" / "provenance.json").read_text())
+    sha = stamp["git_sha"]
+    assert sha and stamp["files"] == ["calibration.json", "projection.csv", "projection.png", "projection.svg"]
+    assert json.loads((tmp_path / "sim" / "calibration.json").read_text())["provenance"]["git_sha"] == sha
+    assert set(table["git_sha"]) == {sha} and f"psbench {sha}" in (tmp_path / "sim" / "projection.svg").read_text()
+    from PIL import Image
+
+    assert Image.open(tmp_path / "sim" / "projection.png").text["Source"].startswith(f"psbench {sha}")
     assert main(["simulate", "--calibration", str(tmp_path / "missing.json")]) == 2

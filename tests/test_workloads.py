@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import struct
 from pathlib import Path
 
@@ -144,9 +145,40 @@ def test_generated_data_is_made_once_and_then_loaded(tmp_path: Path, monkeypatch
         return np.arange(6, dtype=np.float32).reshape(3, 2), np.array([0, 1, 0])
 
     for _ in range(2):
-        x, y = cached_arrays("toy", make)
-        assert x.shape == (3, 2) and list(y) == [0, 1, 0]
-    assert calls == [1] and [p.name for p in tmp_path.iterdir()] == ["toy.npz"]
+        x, y, fingerprint = cached_arrays("toy", {"n": 3}, ("numpy",), make)
+        assert x.shape == (3, 2) and list(y) == [0, 1, 0] and fingerprint.startswith("sha256:")
+    assert calls == [1] and sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".npz"]
     a = load_dataset("digits", seed=0)
     b = load_dataset("digits", seed=0)  # from the cache written by the first
-    assert (tmp_path / "digits.npz").is_file() and np.array_equal(a.x_train, b.x_train)
+    assert len(list(tmp_path.glob("digits-*.npz"))) == 1 and np.array_equal(a.x_train, b.x_train)
+    assert a.fingerprint == b.fingerprint is not None
+
+
+def test_a_changed_generator_parameter_or_version_is_a_cache_miss(tmp_path: Path, monkeypatch) -> None:
+    """The cache is keyed by what made the arrays: another parameter of a real generator, another
+    version of the package that generates, or another GENERATOR_VERSION makes new arrays, each with
+    its own fingerprint, computed once and kept beside the file."""
+    from psbench.workloads import datasets
+
+    monkeypatch.setenv("PSBENCH_CACHE", str(tmp_path))
+    small, other = datasets.make_synthetic(0, n_samples=200), datasets.make_synthetic(0, n_samples=240)
+    assert len(list(tmp_path.glob("synthetic-*.npz"))) == 2 and small.fingerprint != other.fingerprint
+    calls = []
+
+    def make():
+        calls.append(1)
+        return np.zeros((2, 2), np.float32), np.array([0, 1])
+
+    datasets.cached_arrays("toy", {"n": 2}, ("mnist1d",), make)
+    datasets.cached_arrays("toy", {"n": 2}, ("mnist1d",), make)
+    assert len(calls) == 1                                                    # a hit
+    monkeypatch.setattr(datasets, "package_version", lambda name: "99.0")    # mnist1d upgraded
+    datasets.cached_arrays("toy", {"n": 2}, ("mnist1d",), make)
+    monkeypatch.setattr(datasets, "GENERATOR_VERSION", datasets.GENERATOR_VERSION + 1)
+    datasets.cached_arrays("toy", {"n": 2}, ("mnist1d",), make)
+    assert len(calls) == 3 and len(list(tmp_path.glob("toy-*.npz"))) == 3
+    about = next(tmp_path.glob("toy-*.json"))
+    recipe = json.loads(about.read_text())
+    with np.load(about.with_suffix(".npz")) as arrays:
+        assert recipe["fingerprint"] == datasets.array_fingerprint(arrays["x"], arrays["y"])
+    assert recipe["params"] == {"n": 2} and "mnist1d" in recipe["packages"]

@@ -1,21 +1,30 @@
 """Datasets: real ones a package ships or generates, synthetic ones, and loaders for user files.
 
 Every loader returns a `Dataset` of float32 features and int64 labels, split into train and
-validation, deterministic for a seed. Nothing is downloaded.
+validation, deterministic for a seed. Nothing is downloaded. Generated arrays are cached
+(cached_arrays) under a key of what made them: the generator's parameters, the generating
+packages' versions and GENERATOR_VERSION; each cache file's fingerprint (sha256 of its arrays)
+is kept beside it, and a run's manifest records it.
 """
 from __future__ import annotations
 
 import functools
-
 import gzip
+import hashlib
+import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
+from psbench.core.atomic import atomic_write, atomic_write_json
 from psbench.core.errors import ConfigError
+
+# Bump when a generator's own code (below) changes what it makes; the packages it calls are keyed
+# by their versions.
+GENERATOR_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -26,6 +35,7 @@ class Dataset:
     x_val: np.ndarray
     y_val: np.ndarray
     n_classes: int
+    fingerprint: str | None = None  # of the generated arrays it was made from (None: not cached)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -33,12 +43,12 @@ class Dataset:
 
 
 def _split(name: str, x: np.ndarray, y: np.ndarray, n_classes: int, seed: int,
-           val_fraction: float = 0.2) -> Dataset:
+           val_fraction: float = 0.2, fingerprint: str | None = None) -> Dataset:
     order = np.random.default_rng(seed).permutation(len(x))
     n_val = int(round(len(x) * val_fraction))
     val, train = order[:n_val], order[n_val:]
     return Dataset(name, np.ascontiguousarray(x[train], dtype=np.float32), y[train].astype(np.int64),
-                   np.ascontiguousarray(x[val], dtype=np.float32), y[val].astype(np.int64), n_classes)
+                   np.ascontiguousarray(x[val], dtype=np.float32), y[val].astype(np.int64), n_classes, fingerprint)
 
 
 def _standardise(x: np.ndarray) -> np.ndarray:
@@ -54,8 +64,8 @@ def load_digits(seed: int, data_dir: Path | None = None) -> Dataset:
         bunch = sk_digits()
         return (bunch.data / 16.0).astype(np.float32), bunch.target.astype(np.int64)
 
-    x, y = cached_arrays("digits", make)
-    return _split("digits", x, y, 10, seed)
+    x, y, fingerprint = cached_arrays("digits", {}, ("scikit-learn",), make)
+    return _split("digits", x, y, 10, seed, fingerprint=fingerprint)
 
 
 def cache_dir() -> Path:
@@ -78,32 +88,65 @@ def load_mnist1d(seed: int, data_dir: Path | None = None, n_samples: int = 5000)
         return (np.concatenate([data["x"], data["x_test"]]).astype(np.float32),
                 np.concatenate([data["y"], data["y_test"]]).astype(np.int64))
 
-    x, y = cached_arrays("mnist1d-seed42" if n_samples == 5000 else f"mnist1d-{n_samples}-seed42", make)
+    x, y, fingerprint = cached_arrays("mnist1d", {"seed": 42, "num_samples": n_samples}, ("mnist1d",), make)
     x = _standardise(x)[:, None, :]  # (n, 1, 40): one channel for the 1-D CNN
-    return _split("mnist1d", x, y, 10, seed)
+    return _split("mnist1d", x, y, 10, seed, fingerprint=fingerprint)
 
 
-def cached_arrays(key: str, make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """(x, y) from cache_dir()/KEY.npz, made once by `make`. Every worker process loads its run's
-    data, and generating it (or importing scikit-learn to read it) costs seconds of CPU a process."""
-    cached = cache_dir() / f"{key}.npz"
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def array_fingerprint(*arrays: np.ndarray) -> str:
+    """sha256 over each array's dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(f"{a.dtype.str}{a.shape}".encode())
+        digest.update(a.data)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def write_npz(path: Path, **arrays: np.ndarray) -> None:
+    """np.savez to exactly `path` (given a name, savez would add '.npz' to it)."""
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def data_fingerprint(data: Dataset) -> str:
+    """The dataset's fingerprint: its generated arrays' (kept with the cache), else its own arrays'."""
+    return data.fingerprint or array_fingerprint(data.x_train, data.y_train, data.x_val, data.y_val)
+
+
+def cached_arrays(name: str, params: dict[str, Any], packages: tuple[str, ...],
+                  make: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, str]:
+    """(x, y, fingerprint), made once by `make` and kept in cache_dir() (every worker process loads
+    its run's data, and generating it, or importing scikit-learn to read it, costs seconds of CPU
+    a process). The file is keyed by what made the arrays: `params`, the versions of `packages`
+    (the generators called) and GENERATOR_VERSION, so a changed parameter or an upgraded generator
+    makes new arrays rather than reuse stale ones. Beside it, NAME-KEY.json holds that recipe and
+    the arrays' fingerprint, computed once."""
+    recipe = {"name": name, "params": params, "generator_version": GENERATOR_VERSION,
+              "packages": {p: package_version(p) for p in packages}}
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    cached, about = cache_dir() / f"{name}-{key}.npz", cache_dir() / f"{name}-{key}.json"
     if cached.is_file():
         with np.load(cached) as arrays:
-            return arrays["x"], arrays["y"]
-    x, y = make()
-    _save_npz_atomically(cached, x=x, y=y)
-    return x, y
-
-
-def _save_npz_atomically(path: Path, **arrays: np.ndarray) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+            x, y = arrays["x"], arrays["y"]
+    else:
+        x, y = make()
+        atomic_write(cached, lambda tmp: write_npz(tmp, x=x, y=y))
+    try:
+        fingerprint = json.loads(about.read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):  # none yet (or unreadable): computed once, here
+        fingerprint = array_fingerprint(x, y)
+        atomic_write_json(about, {**recipe, "fingerprint": fingerprint})
+    return x, y, fingerprint
 
 
 def make_synthetic(seed: int, n_samples: int = 4000, n_features: int = 28, n_classes: int = 2,
@@ -123,8 +166,10 @@ def make_synthetic(seed: int, n_samples: int = 4000, n_features: int = 28, n_cla
                                    class_sep=1.0, random_state=seed)
         return x.astype(np.float32), y.astype(np.int64)
 
-    x, y = cached_arrays(f"synthetic-{n_samples}x{n_features}-c{n_classes}-skew{label_skew:g}-seed{seed}", make)
-    return _split(name, _standardise(x), y, n_classes, seed)
+    params = {"n_samples": n_samples, "n_features": n_features, "n_classes": n_classes, "label_skew": label_skew,
+              "seed": seed}
+    x, y, fingerprint = cached_arrays("synthetic", params, ("scikit-learn", "numpy"), make)
+    return _split(name, _standardise(x), y, n_classes, seed, fingerprint=fingerprint)
 
 
 def load_higgs_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
@@ -147,8 +192,9 @@ def load_higgs_1m(seed: int, data_dir: Path | None = None) -> Dataset:
                                    n_classes=2, n_clusters_per_class=2, class_sep=1.0, random_state=0)
         return _standardise(x.astype(np.float32)).astype(np.float32), y.astype(np.int64)
 
-    x, y = cached_arrays(f"higgs-1m-rows{HIGGS_1M_ROWS}", make)
-    return _split("higgs-1m", x, y, 2, seed)
+    x, y, fingerprint = cached_arrays("higgs-1m", {"rows": HIGGS_1M_ROWS, "random_state": 0},
+                                      ("scikit-learn", "numpy"), make)
+    return _split("higgs-1m", x, y, 2, seed, fingerprint=fingerprint)
 
 
 def load_skewed_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:

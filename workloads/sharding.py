@@ -10,16 +10,17 @@ Pure and deterministic for (labels, features, n_workers, strategy, seed).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from psbench.core.atomic import atomic_write
 from psbench.core.errors import ConfigError
+from psbench.workloads.datasets import array_fingerprint, package_version, write_npz
 
 STRATEGIES = ("random", "stratified", "distribution-aware:k")
+SHARDING_VERSION = 1  # bump when the code below deals examples differently (cached plans then miss)
 KMEANS_MAX_ITER = 150  # as in the paper
 PCA_COMPONENTS = 16
 
@@ -30,6 +31,10 @@ class ShardPlan:
     n_workers: int
     shards: list[np.ndarray]  # example indices per worker, int64
     sparse_neighbourhoods: list[int] = field(default_factory=list)  # their sizes (distribution-aware)
+
+    def fingerprint(self) -> str:
+        """sha256 of every worker's example indices, in order (what a run's manifest records)."""
+        return array_fingerprint(*self.shards, np.asarray(self.sparse_neighbourhoods, dtype=np.int64))
 
     def report(self, labels: np.ndarray, n_classes: int) -> dict:
         """Per-worker size and class counts, and how far each shard's class mix is from the global one."""
@@ -47,6 +52,7 @@ class ShardPlan:
             "mean_kl_to_global": float(np.mean(kl)),
             "n_sparse_neighbourhoods": len(self.sparse_neighbourhoods),
             "sparse_neighbourhood_sizes": self.sparse_neighbourhoods,
+            "fingerprint": self.fingerprint(),
         }
 
 
@@ -109,11 +115,13 @@ def make_shards(labels: np.ndarray, features: np.ndarray | None, n_workers: int,
 def make_shards_cached(labels: np.ndarray, features: np.ndarray, n_workers: int, strategy: str, seed: int,
                        cache: Path) -> ShardPlan:
     """make_shards, with distribution-aware plans kept in `cache` (one file per data, workers,
-    strategy and seed): its PCA + k-means costs seconds and every worker process of a run would
-    otherwise repeat it. Random and stratified are a permutation: always computed."""
+    strategy, seed, SHARDING_VERSION and scikit-learn's version, whose PCA and k-means make the
+    plan): they cost seconds and every worker process of a run would otherwise repeat them.
+    Random and stratified are a permutation: always computed."""
     if parse_strategy(strategy)[0] != "distribution-aware":
         return make_shards(labels, features, n_workers, strategy, seed)
-    digest = hashlib.blake2b(f"{n_workers}|{strategy}|{seed}|{features.shape}|{features.dtype}".encode(),
+    made_by = f"v{SHARDING_VERSION}|scikit-learn {package_version('scikit-learn')}"
+    digest = hashlib.blake2b(f"{n_workers}|{strategy}|{seed}|{features.shape}|{features.dtype}|{made_by}".encode(),
                              digest_size=16)
     digest.update(np.ascontiguousarray(labels).tobytes())
     digest.update(np.ascontiguousarray(features).tobytes())
@@ -123,12 +131,9 @@ def make_shards_cached(labels: np.ndarray, features: np.ndarray, n_workers: int,
             bounds = np.cumsum(saved["sizes"])[:-1]
             return ShardPlan(strategy, n_workers, np.split(saved["indices"], bounds), saved["sparse"].tolist())
     plan = make_shards(labels, features, n_workers, strategy, seed)
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".npz", dir=cache)
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, indices=np.concatenate(plan.shards), sizes=np.array([len(s) for s in plan.shards]),
-                 sparse=np.array(plan.sparse_neighbourhoods, dtype=np.int64))
-    os.replace(tmp, file)
+    atomic_write(file, lambda tmp: write_npz(tmp, indices=np.concatenate(plan.shards),
+                                             sizes=np.array([len(s) for s in plan.shards]),
+                                             sparse=np.array(plan.sparse_neighbourhoods, dtype=np.int64)))
     return plan
 
 

@@ -138,6 +138,8 @@ def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     row["handover_on_clock"] = bool(switch.get("handover_on_clock", False))
     conditions = extra.get("conditions") if isinstance(extra.get("conditions"), dict) else {}
     row["oversubscribed"] = conditions.get("oversubscribed")
+    for key in ("cores", "cpu_demand", "cpu_measured"):  # the CPU plan, and what the run's processes used
+        row[key] = conditions.get(key)
     row["git_sha"] = manifest.get("git_sha")
     row["git_dirty"] = manifest.get("git_dirty")
     row["conditions"] = conditions_label(spec.get("emulate_device"), spec.get("stragglers"))

@@ -8,18 +8,24 @@ import statistics
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
+from psbench.bench.harness.calibration import (CALIBRATION_WORKERS, Measured, RoleFigure, SystemCalibration,
+                                                load_or_calibrate)
+from psbench.core.cpu import (LAUNCHER, WORKERS, Proc, TreeSampler, active_spans, classifier, measured_cores,
+                              usable_cores)
+from psbench.core.emulation import parse_device, parse_stragglers, stall_schedule
 from psbench.core.atomic import OLD_PREFIX, STAGING_PREFIX, atomic_write_text, dir_lock, owner_alive
-from psbench.core.emulation import parse_device, parse_stragglers, real_share, stall_schedule
 from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec, budget_kind
 from psbench.bench.harness.results import FAILED_DIR
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
 from psbench.workloads import get_workload
+from psbench.workloads.datasets import data_fingerprint
 from psbench.core.errors import ConfigError
 from psbench.workloads.sharding import parse_strategy
 
@@ -30,9 +36,16 @@ class PlannedRun:
     system_cls: type
     options: Any
     conditions: dict[str, Any] = field(default_factory=dict)  # emulation and CPU budget, for the manifest
+    processes: list[Proc] = field(default_factory=list)        # what the run starts here, by role
+    self_role: str = LAUNCHER                                  # the role of this process in the run
 
 
-def plan(spec: RunSpec, allow_oversubscribe: bool = False) -> PlannedRun:
+# How a plan gets a system's CPU figures: cached or measured (the default), or given (tests), or
+# none (the calibration runs themselves).
+Calibrator = Callable[[RunSpec, type], SystemCalibration | None]
+
+
+def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrator | None = None) -> PlannedRun:
     """Validate everything about a spec before any run starts: names, values, options, availability,
     cluster conditions, and whether the run fits the cores (see cpu_budget)."""
     system_cls = get_system(spec.system)
@@ -68,8 +81,10 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False) -> PlannedRun:
     check = getattr(system_cls, "check_spec", None)
     if check is not None:  # what a system cannot train at all (e.g. no native trainer for a model)
         check(spec, options, workload, device, stragglers)
-    conditions = cpu_budget(spec, system_cls, options, device, stragglers, allow_oversubscribe)
-    return PlannedRun(spec, system_cls, options, conditions)
+    processes, self_role = declared_processes(system_cls, options, spec.workers)
+    calibration = (calibrator or calibrated)(spec, system_cls)
+    conditions = cpu_budget(spec, system_cls, processes, device, stragglers, allow_oversubscribe, calibration)
+    return PlannedRun(spec, system_cls, options, conditions, processes, self_role)
 
 
 _COMPUTE_CACHE: dict[tuple[str, int], tuple[float, int]] = {}
@@ -96,42 +111,108 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     return _COMPUTE_CACHE[key]
 
 
-def cpu_budget(spec: RunSpec, system_cls: type, options: Any, device, stragglers,
-               allow_oversubscribe: bool) -> dict[str, Any]:
-    """The cores a run keeps busy: each worker its share of a step spent computing (1 without an
-    emulated device; compute / target with one, the rest is sleep), plus the system's own
-    processes (system_cls.extra_cpu: PS shards, a Spark driver). More than this machine's cores is
-    refused, or recorded as oversubscribed with allow_oversubscribe."""
-    cores = os.cpu_count() or 1
+def declared_processes(system_cls: type, options: Any, workers: int) -> tuple[list[Proc], str]:
+    """The processes a run of the system starts on this machine, by role (system_cls.cpu_processes;
+    by default only its workers), this launcher among them unless it is itself the worker; and the
+    role of this process. A multi-node run (ddp --nnodes, a Spark cluster) counts its local workers."""
+    local = system_cls.local_workers(options, workers) if hasattr(system_cls, "local_workers") else workers
+    processes = (system_cls.cpu_processes(options, local) if hasattr(system_cls, "cpu_processes")
+                 else [Proc(WORKERS, local)])
+    self_role = getattr(system_cls, "cpu_self_role", LAUNCHER)
+    if self_role == LAUNCHER:
+        processes = [*processes, Proc(LAUNCHER, 1)]
+    return processes, self_role
+
+
+def calibrated(spec: RunSpec, system_cls: type) -> SystemCalibration:
+    """The system's CPU figures on the spec's workload, measured here once (calibration.py)."""
+    workers = min(CALIBRATION_WORKERS, getattr(system_cls, "max_workers", None) or CALIBRATION_WORKERS)
+    base = RunSpec(spec.system, spec.workload, workers=workers, data_dir=spec.data_dir)
+    return load_or_calibrate(base, lambda: measured_compute_s(base)[0], getattr(system_cls, "paces_steps", True),
+                             getattr(system_cls, "calibration_min_step_s", 0.0), _measure)
+
+
+def _measure(spec: RunSpec) -> Measured:
+    """One calibration run, through the harness (nothing written): its steps, span and measured cores."""
+    planned = plan(spec, allow_oversubscribe=True, calibrator=lambda _spec, _cls: None)
+    recorder = record_run(planned, quiet=True)
+    conditions = recorder.extra["conditions"]
+    counts: dict[str, int] = {}
+    for proc in planned.processes:
+        counts[proc.role] = counts.get(proc.role, 0) + proc.count
+    return Measured(device_step_s(spec), len(recorder.steps), conditions.get("cpu_span_s", 0.0),
+                    conditions.get("cpu_measured_roles", {}), counts)
+
+
+def device_step_s(spec: RunSpec) -> float | None:
+    device = parse_device(spec.emulate_device)
+    return None if device is None else device.target_s(spec.workload, spec.batch_size or
+                                                        get_workload(spec.workload).batch_size)
+
+
+# A process's figure is measured to about 0.01 core (CPU times in 10 ms ticks over seconds), so a plan
+# is compared with the cores at that precision.
+PLAN_DECIMALS = 2
+
+
+def cpu_budget(spec: RunSpec, system_cls: type, processes: list[Proc], device, stragglers,
+               allow_oversubscribe: bool, calibration: SystemCalibration | None) -> dict[str, Any]:
+    """The cores a run keeps busy, by role: each worker its share of a step spent computing (1
+    without an emulated device; with one, compute / its step: the device's target plus what the
+    system adds to a step, measured) plus its measured overhead per step, and each of the system's
+    own processes its measured cost at the run's step rate (calibration.py), a process at most its
+    cores. More than the usable cores
+    (psbench.core.cpu) is refused, or recorded as oversubscribed with allow_oversubscribe."""
+    cores = usable_cores()
     paced = getattr(system_cls, "paces_steps", True)  # False: a JVM's inner loop, which no pacer can sleep
-    if device is None or not paced:
-        # compute-bound workers keep a core each and push as fast as they can
-        share, steps_per_s, n_params = 1.0, float("inf"), 0
-    else:
-        batch = spec.batch_size or get_workload(spec.workload).batch_size
-        compute_s, n_params = measured_compute_s(spec)
-        share = real_share(device, stragglers, spec.workload, batch, compute_s, spec.workers, spec.seed)
-        steps_per_s = sum(1.0 / max(compute_s, device.target_s(spec.workload, batch)
-                                    * (stragglers.factor(w, spec.workers, spec.seed) if stragglers else 1.0))
-                          for w in range(spec.workers))
-    extra = float(system_cls.extra_cpu(options, steps_per_s, n_params)) if hasattr(system_cls, "extra_cpu") else 0.0
-    # A multi-node run (ddp --nnodes) starts only this node's ranks here.
-    local = system_cls.local_workers(options, spec.workers) if hasattr(system_cls, "local_workers") else spec.workers
-    workers_demand = local * share
-    demand = workers_demand + extra
+    figure = calibration.figure if calibration is not None else (lambda role: RoleFigure())
+    per_worker = figure(WORKERS)
+    latency = calibration.step_latency_s if calibration is not None else 0.0
+    batch = spec.batch_size or get_workload(spec.workload).batch_size
+    compute_s = measured_compute_s(spec)[0] if paced else 0.0  # unpaced: workers busy, its roles' cost fixed
+    shares, worker_cores, rates = [], [], []
+    for w in range(spec.workers):
+        if device is not None and paced:
+            factor = stragglers.factor(w, spec.workers, spec.seed) if stragglers else 1.0
+            step_s = max(compute_s, device.target_s(spec.workload, batch) * factor) + latency
+            share = compute_s / step_s if step_s > 0 else 1.0
+        else:  # compute-bound workers keep a core each and push as fast as they can
+            step_s, share = compute_s + latency, 1.0
+        rate = 1.0 / step_s if paced and step_s > 0 else 0.0
+        shares.append(share)
+        rates.append(rate)
+        worker_cores.append(min(1.0, share + per_worker.cores(rate)))
+    steps_per_s = sum(rates)  # every worker's steps: what a shard, a driver or a daemon handles
+    breakdown: dict[str, dict[str, float]] = {}
+    for proc in processes:
+        if proc.count <= 0:
+            continue
+        if proc.role == WORKERS:  # the local ones of a multi-node run: the mean worker's figure
+            total = proc.count * sum(worker_cores) / len(worker_cores)
+        else:
+            total = min(proc.cap, proc.count * figure(proc.role).cores(steps_per_s))
+        breakdown[proc.role] = {"count": proc.count, "cores": round(total, 4)}
+    demand = sum(b["cores"] for b in breakdown.values())
     conditions = {"emulate_device": device.describe() if device is not None else None,
                   "stragglers": stragglers.text if stragglers is not None else None,
-                  "worker_compute_share": round(share, 4), "cpu_demand": round(demand, 3), "cores": cores,
-                  "oversubscribed": demand > cores + 1e-9}
+                  "worker_compute_share": round(sum(shares) / len(shares), 4), "cpu_demand": round(demand, 3),
+                  **cores.describe(), "cpu_plan": breakdown,
+                  "cpu_calibration": calibration.describe() if calibration is not None else None,
+                  "oversubscribed": round(demand, PLAN_DECIMALS) > cores.count}
     if device is not None and not paced:
         conditions["emulate_device_applied"] = False
     if conditions["oversubscribed"] and not allow_oversubscribe:
         hint = ("an emulated device (--emulate-device step_ms=20) so workers sleep most of each step, "
                 if device is None else "a slower emulated device, ")
-        raise ConfigError(f"run {spec.run_id} needs about {demand:.1f} cores ({local} workers x "
-                          f"{share:.2f} compute share + {extra:.1f} for the system's own processes), this machine "
-                          f"has {cores}: use {hint}fewer workers, or --allow-oversubscribe (recorded in the manifest)")
+        raise ConfigError(f"run {spec.run_id} needs about {demand:.1f} cores ({plan_text(breakdown)}), this machine "
+                          f"has {cores.count:g} ({cores.source}): use {hint}fewer workers, or --allow-oversubscribe "
+                          "(recorded in the manifest)")
     return conditions
+
+
+def plan_text(breakdown: dict[str, dict[str, float]]) -> str:
+    """'2 workers x 1.00 + 1 ps shard x 0.31 + 1 launcher x 0.02': a plan's cores per process."""
+    return " + ".join(f"{b['count']} {role} x {b['cores'] / b['count']:.2f}" for role, b in breakdown.items())
 
 
 def run_dir(results_dir: Path, suite: str, spec: RunSpec) -> Path:
@@ -171,19 +252,71 @@ def clean_staging(results_dir: Path, suite: str) -> None:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def record_run(planned: PlannedRun) -> Recorder:
-    """Run a planned spec in this process: its records, its conditions and the stalls it met."""
+class SampledRecorder(Recorder):
+    """A Recorder that samples the run's process tree at the edges of its training clock (start,
+    stop, each pause), so the CPU over the training span is read at its ends rather than
+    interpolated across them, and that keeps each pause's interval (evaluation, and the teardown
+    a system does off the clock, are left out of cpu_measured)."""
+
+    def __init__(self, spec: RunSpec, target_accuracy: float | None, sampler: TreeSampler):
+        super().__init__(spec, target_accuracy)
+        self.sampler = sampler
+        self.pauses: list[tuple[float, float]] = []
+
+    def start_clock(self) -> None:
+        self.sampler.sample()
+        super().start_clock()
+
+    def stop_clock(self) -> None:
+        super().stop_clock()
+        self.sampler.sample()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.sampler.sample()
+        start = time.time()
+        try:
+            with super().paused():
+                yield
+        finally:
+            self.pauses.append((start, time.time()))
+            self.sampler.sample()
+
+
+def record_run(planned: PlannedRun, quiet: bool = False) -> Recorder:
+    """Run a planned spec in this process: its records, its conditions, the CPU its process tree
+    used over the training span (cpu_measured, in cores) and the stalls it met."""
     spec = planned.spec
-    recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
-    recorder.extra["conditions"] = planned.conditions
-    if planned.conditions.get("oversubscribed"):
-        print(f"psbench: warning: {spec.run_id} oversubscribes the cores (about {planned.conditions['cpu_demand']:.1f}"
-              f" for {planned.conditions['cores']}); recorded as oversubscribed", file=sys.stderr)
-    planned.system_cls().run(spec, planned.options, recorder)
+    sampler = TreeSampler(classifier(planned.processes), planned.self_role)
+    recorder = SampledRecorder(spec, get_workload(spec.workload).target_accuracy, sampler)
+    conditions = recorder.extra["conditions"] = dict(planned.conditions)
+    if conditions.get("oversubscribed") and not quiet:
+        print(f"psbench: warning: {spec.run_id} needs about {conditions['cpu_demand']:.1f} cores "
+              f"({plan_text(conditions.get('cpu_plan', {}))}), this machine has {conditions['cores']:g}: its timings "
+              "will measure contention; recorded as oversubscribed", file=sys.stderr)
+    with sampler:
+        planned.system_cls().run(spec, planned.options, recorder)
+    if recorder.t0 is not None:  # the training span: set-up, and pauses this process timed, left out
+        spans = active_spans(recorder.t0, recorder.t_end or time.time(), recorder.pauses)
+        span_s = sum(t1 - t0 for t0, t1 in spans)
+        measured = measured_cores(sampler.cpu_between(spans), span_s)
+        if measured:
+            conditions["cpu_measured"] = measured.pop("total")
+            conditions["cpu_measured_roles"] = measured
+            conditions["cpu_span_s"] = round(span_s, 4)
+    recorder.extra["data"] = data_provenance(spec, recorder.shard_report)
     for worker, step, ms in stall_schedule(spec.stragglers, spec.seed, [(r["worker"], r["step"]) for r in recorder.steps]):
         t_wall = next(r["t_wall"] for r in recorder.steps if r["worker"] == worker and r["step"] == step)
         recorder.event("stall", step=step, worker=worker, t_wall=t_wall, ms=ms)
     return recorder
+
+
+def data_provenance(spec: RunSpec, shard_report: dict[str, Any] | None) -> dict[str, Any]:
+    """What a run trained on: its dataset's fingerprint (kept beside the cache, or of the arrays)
+    and its shard plan's, from the shard report the run wrote."""
+    workload = get_workload(spec.workload)
+    return {"dataset": workload.dataset, "fingerprint": data_fingerprint(workload.load_data(data_dir=spec.data_dir)),
+            "shard_plan": (shard_report or {}).get("fingerprint")}
 
 
 def run_one(planned: PlannedRun, results_dir: Path, suite: str, record_format: str = DEFAULT_FORMAT) -> RunResult:

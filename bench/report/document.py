@@ -225,6 +225,10 @@ def runs_table(res: SuiteResults) -> pd.DataFrame:
     })
     if runs["oversubscribed"].notna().any():
         frame["oversubscribed"] = runs["oversubscribed"]
+    if runs["cpu_measured"].notna().any():  # the plan beside what the run's processes used (cores)
+        frame["CPU planned"] = runs["cpu_demand"]
+        frame["CPU used"] = runs["cpu_measured"]
+        frame["CPU flag"] = runs["cpu_flag"].replace("", "no")
     if runs["handover_s"].isna().all():
         frame = frame.drop(columns=["hand-over (s)"])
     return frame
@@ -581,6 +585,11 @@ def warnings_text(res: SuiteResults) -> list[str]:
     if len(over):
         out.append(f"Warning: {len(over)} run(s) oversubscribed the cores (more real compute than cores): their "
                    "timings measure contention, not the system.")
+    flagged = runs[runs["cpu_flag"] != ""]
+    if len(flagged):
+        out.append(f"Warning: {len(flagged)} run(s) kept (nearly) all the cores busy, or used well beyond their CPU "
+                   f"plan ({measures.CPU_RULE}): their timings may measure contention. The Runs table's 'CPU flag' "
+                   "names them.")
     return [text for text in out if text]
 
 

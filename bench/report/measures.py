@@ -26,6 +26,15 @@ MIN_STEPS_PER_WORKER = 200
 MIN_TRAIN_S = 5.0
 SHORT_RULE = f"fewer than {MIN_STEPS_PER_WORKER} steps per worker or under {MIN_TRAIN_S:g} s of training"
 
+# A process tree cannot use more CPU than the cores, so a demand beyond them shows as the cores all
+# busy: a run that kept this share of them busy had no spare core (others' load came on top). And a
+# plan far below what a run used misjudged its processes (the harness refuses runs by the plan).
+SATURATED_SHARE = 0.95
+UNDERPLANNED = (1.25, 0.1)  # used > 1.25 x the plan and > 0.1 core more
+CPU_RULE = (f"CPU used = CPU seconds of the run's process tree over its training span ÷ the span; flagged when it "
+            f"reached {SATURATED_SHARE:.0%} of the usable cores (the demand exceeded them, or nearly) or exceeded "
+            f"the plan by over {UNDERPLANNED[0] - 1:.0%} (and {UNDERPLANNED[1]:g} core)")
+
 # What each system's `bytes` column holds (how its adapter fills it); a manifest's extra.bytes_source
 # overrides this.
 BYTES_SOURCE = {
@@ -79,13 +88,25 @@ def too_short(steps_per_worker: float, train_s: float) -> str:
     return "; ".join(reasons)
 
 
+def cpu_flag(cores: Any, planned: Any, used: Any) -> str:
+    """Why a run's measured CPU is flagged ('' when it is not, or was not measured)."""
+    cores, planned, used = _num(cores), _num(planned), _num(used)
+    reasons = []
+    if used >= SATURATED_SHARE * cores:
+        reasons.append(f"used {used:.2f} of {cores:g} cores")
+    if used > UNDERPLANNED[0] * planned and used - planned > UNDERPLANNED[1]:
+        reasons.append(f"used {used:.2f}, planned {planned:.2f}")
+    return "; ".join(reasons)
+
+
 def annotate(res: SuiteResults) -> SuiteResults:
     """The suite with per-run columns added: steady_samples_per_s, steps_per_worker, too_short,
-    switch_t_wall, tta_with_costs_s. Idempotent."""
+    cpu_flag, switch_t_wall, tta_with_costs_s. Idempotent."""
     if "steady_samples_per_s" in res.runs.columns:
         return res
     runs = res.runs.copy()
-    for col in ("train_s", "time_to_target_s", "setup_s", "handover_s", "final_val_accuracy", "final_train_loss"):
+    for col in ("train_s", "time_to_target_s", "setup_s", "handover_s", "final_val_accuracy", "final_train_loss",
+                "cores", "cpu_demand", "cpu_measured"):
         if col not in runs.columns:  # a summary field older results lack
             runs[col] = math.nan
     by_run = dict(tuple(res.steps.groupby("run_id"))) if len(res.steps) else {}
@@ -98,6 +119,7 @@ def annotate(res: SuiteResults) -> SuiteResults:
     runs["steps_per_worker"] = runs["run_id"].map(per_worker).fillna(0.0).astype(float)
     train_s = pd.to_numeric(runs["train_s"], errors="coerce").fillna(0.0)
     runs["too_short"] = [too_short(s, t) for s, t in zip(runs["steps_per_worker"], train_s)]
+    runs["cpu_flag"] = [cpu_flag(c, p, u) for c, p, u in zip(runs["cores"], runs["cpu_demand"], runs["cpu_measured"])]
     switches = res.events[res.events["kind"] == "switch"]
     runs["switch_t_wall"] = runs["run_id"].map(switches.groupby("run_id")["t_wall"].min()).astype(float)
     runs["tta_with_costs_s"] = runs.apply(_tta_with_costs, axis=1) if len(runs) else []

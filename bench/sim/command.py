@@ -3,7 +3,6 @@ measured here (validate.py), and write the projection table and plot."""
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,10 @@ from psbench.bench.sim.simulate import (PRESETS, Calibration, Validation, assump
                                         default_scenarios, measure_spark_job_overhead, plot, projection_table,
                                         write_validation)
 from psbench.bench.sim.validate import validate_local, validate_netlab
+from psbench.core.atomic import atomic_write_csv, atomic_write_json, atomic_write_text
+from psbench.core.cpu import usable_cores
 from psbench.core.errors import ConfigError
+from psbench.core.records import provenance
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,22 +73,26 @@ def main(args: argparse.Namespace) -> int:
 
         if not args.netlab.is_file():
             raise ConfigError(f"--netlab: {args.netlab} does not exist (run `psbench netlab bench` first)")
-        cores = cal.cores or os.cpu_count() or 1
+        cores = cal.cores or usable_cores().count
         validations.append(("netns bandwidth runs", validate_netlab(pd.read_csv(args.netlab), replace(cal, cores=cores))))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    stamp = provenance()  # every file names the commit that made it, and provenance.json says all
     if validations:
-        write_validation(validations, out / "validation.csv")
+        write_validation(validations, out / "validation.csv", stamp["git_sha"])
     cal = replace(cal, cores=0)  # projections: a machine per worker
     rows = projection_table(cal, default_scenarios(args.batch_size, args.servers))
-    (out / "calibration.json").write_text(cal.to_json())
+    atomic_write_text(out / "calibration.json", cal.to_json(stamp))
     import pandas as pd
 
-    table = pd.DataFrame(rows)
-    from psbench.core.atomic import atomic_write_csv
-
+    table = pd.DataFrame(rows).assign(git_sha=stamp["git_sha"])
     atomic_write_csv(out / "projection.csv", table)
-    paths = plot(rows, cal, args.batch_size, out / "projection")
+    paths = plot(rows, cal, args.batch_size, out / "projection",
+                 f"psbench {stamp['git_sha'] or 'unknown commit'}{' + uncommitted changes' if stamp['git_dirty'] else ''}")
+    files = sorted(p.name for p in [out / "calibration.json", out / "projection.csv", *paths,
+                                    *([out / "validation.csv"] if validations else [])])
+    arguments = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    atomic_write_json(out / "provenance.json", {**stamp, "simulate_arguments": arguments, "files": files})
     print("Assumptions: " + assumptions_text(cal, args.batch_size))
     pivot = table.pivot(index="workers", columns="curve", values="efficiency")
     with pd.option_context("display.width", 200, "display.float_format", "{:.1%}".format):

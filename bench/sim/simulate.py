@@ -63,19 +63,22 @@ class Calibration:
     rtt_s: float                  # r: round-trip time of a small message
     spark_job_overhead_s: float = 0.05    # J: assumed unless measured (Spark local mode: tens of ms)
     spark_task_overhead_s: float = 0.002  # j: assumed per-task launch cost at the driver
-    cores: int = 0                # C: cores all workers share (validation on one machine); 0 = a machine each
+    cores: float = 0              # C: cores all workers share (validation on one machine); 0 = a machine each
     workload: str = ""
     source: str = "measured"
 
     def compute_s(self, batch_size: int) -> float:
         return self.step_overhead_s + self.compute_s_per_sample * batch_size
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+    def to_json(self, provenance: dict[str, Any] | None = None) -> str:
+        """The figures, and what made them (the commit: psbench.core.records.provenance) if given."""
+        return json.dumps({**asdict(self), **({"provenance": provenance} if provenance else {})}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> "Calibration":
-        return cls(**json.loads(text))
+        raw = json.loads(text)
+        raw.pop("provenance", None)
+        return cls(**raw)
 
 
 @dataclass(frozen=True)
@@ -359,7 +362,8 @@ def assumptions_text(cal: Calibration, batch_size: int) -> str:
             f"no compute/comm overlap, no stragglers")
 
 
-def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base: Path) -> list[Path]:
+def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base: Path, source: str = "") -> list[Path]:
+    """The projection as PNG and SVG; `source` (the commit that drew it) goes in their metadata."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -384,15 +388,17 @@ def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base
     fig.text(0.01, 0.01, "Assumptions: " + assumptions_text(cal, batch_size), fontsize=7.5, family="monospace",
              va="bottom")
     fig.tight_layout(rect=(0, 0.14, 1, 0.95))
-    out_base.parent.mkdir(parents=True, exist_ok=True)
+    from psbench.core.atomic import atomic_write
+
     paths = [out_base.with_suffix(".png"), out_base.with_suffix(".svg")]
     for path in paths:
-        fig.savefig(path, dpi=120)
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix[1:], dpi=120,
+                                                   metadata={"Source": source} if source else None))
     plt.close(fig)
     return paths
 
 
-def write_validation(validations: list[tuple[str, Validation]], path: Path) -> None:
+def write_validation(validations: list[tuple[str, Validation]], path: Path, git_sha: str | None = None) -> None:
     import pandas as pd
 
     from psbench.core.atomic import atomic_write_csv
@@ -408,4 +414,4 @@ def write_validation(validations: list[tuple[str, Validation]], path: Path) -> N
                             "predicted_samples_per_s", "error", "spread") if c in frame]
         with pd.option_context("display.width", 200, "display.float_format", "{:.3g}".format):
             print(frame[cols].to_string(index=False))
-    atomic_write_csv(path, pd.concat(frames, ignore_index=True))
+    atomic_write_csv(path, pd.concat(frames, ignore_index=True).assign(git_sha=git_sha))

@@ -9,7 +9,6 @@ calibration takes the link bandwidth from the cap.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Sequence
 
 from psbench.bench.sim.simulate import (Calibration, MeasuredRun, Validation, fit_compute, measure_single, model_bytes,
                             validate)
+from psbench.core.cpu import usable_cores
 
 SYSTEMS = {"ps-bsp": ("ps", {"consistency": "bsp"}), "ps-asp": ("ps", {"consistency": "asp"}), "ddp": ("ddp", {})}
 
@@ -56,15 +56,16 @@ def measure_local(workload: str, batch_size: int, workers: Sequence[int] = (1, 2
     return points, runs
 
 
-def local_calibration(workload: str, points, cores: int | None = None) -> Calibration:
+def local_calibration(workload: str, points, cores: float | None = None) -> Calibration:
     from psbench.bench.lab.netprobe import zmq_pingpong
 
     a, t = fit_compute(points)
     link = zmq_pingpong("127.0.0.1")
+    cores = cores or usable_cores().count
     return Calibration(step_overhead_s=a, compute_s_per_sample=t, model_bytes=model_bytes(workload),
-                       bandwidth_Bps=link.bandwidth_Bps, rtt_s=link.rtt_s, cores=cores or os.cpu_count() or 1,
+                       bandwidth_Bps=link.bandwidth_Bps, rtt_s=link.rtt_s, cores=cores,
                        workload=workload, source=f"single at batch {sorted(points)} interleaved with the runs, "
-                                                 f"pyzmq loopback, {cores or os.cpu_count()} shared cores")
+                                                 f"pyzmq loopback, {cores:g} shared cores")
 
 
 def validate_local(workload: str, batch_size: int, **kwargs) -> tuple[Calibration, Validation]:

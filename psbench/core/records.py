@@ -284,18 +284,26 @@ class Recorder:
             "end": self.t_end,
             "summary": summary,
             "extra": self.extra,
-            "versions": versions(),
-            "git_sha": git_sha(),
-            "git_dirty": git_dirty(),
+            **provenance(),
             "machine": machine(),
         }
+
+
+# Packages whose version changes what a run computes or the data it trains on (mnist1d and
+# scikit-learn generate datasets).
+VERSIONED_PACKAGES = ("torch", "pyzmq", "pyspark", "horovod", "ray", "numpy", "pandas", "scikit-learn", "mnist1d",
+                      "psbench")
+# What runs write into the checkout (make bench rewrites results/reference): not a change to the code.
+GENERATED_PATHS = ("results",)
+DIRTY_PATHS_CAP = 20
+CHECKOUT = Path(__file__).resolve().parent
 
 
 def versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("torch", "pyzmq", "pyspark", "horovod", "numpy", "pandas", "psbench"):
+    for pkg in VERSIONED_PACKAGES:
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -303,22 +311,41 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def git_sha() -> str | None:
+def git_sha(repo: Path = CHECKOUT) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def git_dirty() -> bool | None:
+def git_dirty_paths(repo: Path = CHECKOUT) -> list[str] | None:
+    """Tracked files with uncommitted changes, the generated ones (GENERATED_PATHS) left out; None
+    outside a git checkout."""
+    pathspec = [":/", *(f":(top,exclude){p}" for p in GENERATED_PATHS)]
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *pathspec], cwd=repo,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return [line[3:].split(" -> ")[-1] for line in out.stdout.splitlines() if line.strip()]  # 'XY path' / renames
+
+
+def git_dirty(repo: Path = CHECKOUT) -> bool | None:
     """Whether the code that made a run differs from its git sha (uncommitted changes)."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                             cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(out.stdout.strip()) if out.returncode == 0 else None
+    paths = git_dirty_paths(repo)
+    return None if paths is None else bool(paths)
+
+
+def provenance(repo: Path = CHECKOUT) -> dict[str, Any]:
+    """What made an artefact: the commit, whether the code differed from it and where (the first
+    DIRTY_PATHS_CAP changed files, and how many), and the packages' versions."""
+    paths = git_dirty_paths(repo)
+    return {"git_sha": git_sha(repo), "git_dirty": None if paths is None else bool(paths),
+            "git_dirty_paths": None if paths is None else paths[:DIRTY_PATHS_CAP],
+            "git_dirty_count": None if paths is None else len(paths), "versions": versions()}
 
 
 def machine() -> dict[str, Any]:

@@ -5,6 +5,7 @@ import dataclasses
 import socket
 from pathlib import Path
 
+from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
@@ -63,6 +64,10 @@ class DDPSystem:
     def local_workers(options: DDPOptions, workers: int) -> int:
         """The ranks this node starts (the CPU budget counts these)."""
         return max(1, workers // options.nnodes)
+
+    @staticmethod
+    def cpu_processes(options: DDPOptions, workers: int) -> list[Proc]:
+        return [Proc(WORKERS, workers, rf"{FORKED}|psbench\.systems\.ddp\.worker")]
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

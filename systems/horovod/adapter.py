@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
@@ -60,6 +61,12 @@ class HorovodSystem:
     budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = HorovodOptions
+
+    @staticmethod
+    def cpu_processes(options: HorovodOptions, workers: int) -> list[Proc]:
+        # horovodrun's command line names the worker module too: it is matched first
+        return [Proc("horovodrun", 1, r"psbench\.systems\.horovod\.run\b|horovodrun"),
+                Proc(WORKERS, workers, r"psbench\.systems\.horovod\.worker")]
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

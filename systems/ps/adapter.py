@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
@@ -349,18 +350,11 @@ def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_pa
                          evaluate_start)
 
 
-# CPU a shard spends on one push+pull: decoding, the policy and SGD, encoding (about 0.1-0.2 ms in
-# Python for small models, profiled for the PS speed work), plus touching its slice of the
-# gradient and parameters twice at ~2 GB/s.
-SHARD_CPU_PER_UPDATE_S = 0.3e-3
-SHARD_BYTES_PER_S = 2e9
-
-
-def shard_cpu(servers: int, steps_per_s: float, n_params: int) -> float:
-    """Cores the shards keep busy when the workers push steps_per_s updates in all (each shard sees
-    every push, for its slice of the keys); a shard never uses more than one core."""
-    per_update = SHARD_CPU_PER_UPDATE_S + 2 * 4 * n_params / servers / SHARD_BYTES_PER_S
-    return servers * min(1.0, steps_per_s * per_update)
+def ps_processes(servers: int, workers: int) -> list[Proc]:
+    """What a PS run starts here: workers forked from the zygote (or started by hand) and S shards;
+    the harness measures what each costs (bench/harness/calibration.py)."""
+    return [Proc(WORKERS, workers, rf"{FORKED}|psbench\.systems\.ps\.worker"),
+            Proc("ps shard", servers, r"psbench\.systems\.ps\.server")]
 
 
 class PSSystem:
@@ -372,8 +366,8 @@ class PSSystem:
     timer_evaluator = True  # --eval-every-s: the launcher reads the servers' parameters (ServerSnapshots)
 
     @staticmethod
-    def extra_cpu(options: PSOptions, steps_per_s: float, n_params: int) -> float:
-        return shard_cpu(options.servers, steps_per_s, n_params)
+    def cpu_processes(options: PSOptions, workers: int) -> list[Proc]:
+        return ps_processes(options.servers, workers)
 
     @staticmethod
     def check_spec(spec: RunSpec, options: PSOptions, workload: Any, device: Any, stragglers: Any) -> None:

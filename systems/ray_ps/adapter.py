@@ -24,6 +24,7 @@ import tempfile
 import time
 from typing import Any
 
+from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.common import Prepared, child_env, prepare
@@ -86,6 +87,14 @@ def _loopback_ray():
 class RayPSSystem:
     name = "ray-ps"
     Options = PeerOptions
+
+    @staticmethod
+    def cpu_processes(options: PeerOptions, workers: int) -> list[Proc]:
+        """Actors are processes named after their class; the rest of Ray (gcs_server, raylet, its
+        log monitor, idle workers) are its daemons, together up to a core each of its slots. The
+        driver, which chains every call, is this process."""
+        return [Proc("ray shard", options.servers, r"ray::ShardActor"), Proc(WORKERS, workers, r"ray::WorkerActor"),
+                Proc("ray daemons", 1, r"ray::|/ray/", max_cores=float(workers + options.servers))]
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
@@ -29,6 +30,14 @@ LOOPBACK_ENV = {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
 class RpcPSSystem:
     name = "rpc-ps"
     Options = PeerOptions
+
+    @staticmethod
+    def cpu_processes(options: PeerOptions, workers: int) -> list[Proc]:
+        """Ranks 0..S-1 are the shards, the rest the trainers (process.py); each runs TensorPipe's
+        agent threads beside its Python."""
+        shards = "|".join(str(rank) for rank in range(options.servers))
+        return [Proc("rpc shard", options.servers, rf"rpc_ps\.process .*--rank ({shards})(\s|$)"),
+                Proc(WORKERS, workers, r"rpc_ps\.process")]
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from psbench.core.cpu import WORKERS
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.base import NoOptions
@@ -16,6 +17,7 @@ class SingleSystem:
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = NoOptions
     max_workers = 1
+    cpu_self_role = WORKERS  # the worker is this process: no launcher besides it
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -69,6 +69,8 @@ def _add(a: Partial, b: Partial) -> Partial:
 class SparkMllibSystem(SparkSystem):
     name = "spark-mllib"
     Options = MllibOptions
+    # One Spark job per mini-batch takes tens of ms here: the CPU calibration paces steps no faster.
+    calibration_min_step_s = 0.1
 
     def train(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder)

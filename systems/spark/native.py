@@ -34,12 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from psbench.core.cpu import WORKERS, Proc
 from psbench.core.errors import ConfigError
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.common import Prepared, evaluate_splits, prepare, record_evals
 from psbench.systems.spark.partitions import clock_mapper, common_steps
-from psbench.systems.spark.session import SparkOptions, SparkJobFailed, SparkSystem, error_line, start_session
+from psbench.systems.spark.session import SPARK_JVM, SparkJobFailed, SparkOptions, SparkSystem, error_line, start_session
 
 ITERATION_JOB = "treeAggregate at GradientDescent"  # the call site of one iteration's job
 # Spark 4.3's GradientDescent runs numIterations + 1 mini-batches (measured: numIterations=5 gives six
@@ -210,10 +211,10 @@ class SparkNativeSystem(SparkSystem):
     paces_steps = False  # the iterations run inside the JVM: no emulated device or straggler can pace them
 
     @staticmethod
-    def extra_cpu(options: SparkOptions, steps_per_s: float, n_params: int) -> float:
-        # The Python driver only waits on the JVM call, and the JVM driver's work (broadcast, the final
-        # aggregate, the update) lies between an iteration's stages, when the task slots are idle.
-        return 0.0
+    def cpu_processes(options: SparkOptions, workers: int) -> list[Proc]:
+        # In local mode the workers are task threads of the driver's JVM: the JVM is their process (a
+        # core each; the driver's work lies between an iteration's stages, when the slots are idle).
+        return [Proc(WORKERS, workers, SPARK_JVM)] if workers else [Proc("spark driver", 1, SPARK_JVM)]
 
     @staticmethod
     def check_spec(spec: RunSpec, options: NativeOptions, workload: Any, device: Any, stragglers: Any) -> None:

@@ -26,15 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from psbench.core.cpu import WORKERS, Proc
 from psbench.systems.base import option
 from psbench.systems.common import child_env
 from psbench.core.errors import ConfigError
 
 LOCAL_DEFAULT = "local[N]"  # the default master: local mode with one task slot per worker
 _MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+)$")
-# Cores counted for the driver JVM (scheduling, broadcast, aggregation) in a run's CPU budget: it is
-# busy between the workers' compute phases, never a whole core for long on these workloads.
-SPARK_DRIVER_CPU = 0.5
+SPARK_JVM = r"\bjava\b.*org\.apache\.spark"  # the driver's JVM (spark-submit's command line)
 LOG4J_FILE = Path(__file__).resolve().parent / "log4j2.properties"
 
 
@@ -113,8 +112,9 @@ class SparkJobFailed(RuntimeError):
 
 
 class SparkSystem:
-    """What every Spark adapter shares for the harness: the CPU budget counts the driver and,
-    in local mode only, the workers; availability is pyspark's. `run` is the adapter boundary:
+    """What every Spark adapter shares for the harness: the CPU budget counts the driver (its JVM;
+    the Python side is this launcher) and, in local mode only, the workers (Python workers forked
+    by pyspark's daemon); availability is pyspark's. `run` is the adapter boundary:
     the adapter's `train` runs under it, and whatever Spark, Py4J or the JVM raises leaves it as
     one SparkJobFailed line (its cause chained, for the run's failure log); a run that loses an
     executor fails with that loss as its reason (ExecutorWatch)."""
@@ -142,8 +142,8 @@ class SparkSystem:
             stop_watch()
 
     @staticmethod
-    def extra_cpu(options: SparkOptions, steps_per_s: float, n_params: int) -> float:
-        return SPARK_DRIVER_CPU
+    def cpu_processes(options: SparkOptions, workers: int) -> list[Proc]:
+        return [Proc(WORKERS, workers, r"pyspark[./](daemon|worker)"), Proc("spark driver", 1, SPARK_JVM)]
 
     @staticmethod
     def local_workers(options: SparkOptions, workers: int) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psbench.core.errors import ConfigError
+from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import option
@@ -36,6 +37,14 @@ class TorchOptions(SparkOptions):
 class SparkTorchSystem(SparkSystem):
     name = "spark-torch"
     Options = TorchOptions
+
+    @staticmethod
+    def cpu_processes(options: TorchOptions, workers: int) -> list[Proc]:
+        """torchrun (pyspark's wrapper; its command line names the training file too, so it is
+        matched first) and the ranks it starts from its train.py; in local mode on the driver."""
+        ranks = [Proc("torchrun", 1 if options.local_mode and workers else 0, r"torch_run_process_wrapper"),
+                 Proc(WORKERS, workers, r"pyspark[./](daemon|worker)|/train\.py\b")]
+        return ranks + [p for p in SparkSystem.cpu_processes(options, workers) if p.role != WORKERS]
 
     def train(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
         start_session(spec, options, recorder)

@@ -25,12 +25,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from psbench.core.cpu import Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import common_steps, read_buffers, read_state
 from psbench.systems.base import option
 from psbench.systems.common import Prepared, configure_threads, prepare
-from psbench.systems.ps.adapter import PSOptions, PSPhase, PSSystem, check_timer_model, run_ps_phase, shard_cpu
+from psbench.systems.ps.adapter import PSOptions, PSPhase, PSSystem, check_timer_model, ps_processes, run_ps_phase
 from psbench.systems.ps.policies import parse_consistency
 from psbench.systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
 from psbench.core.errors import ConfigError
@@ -135,9 +136,10 @@ class SwitchSystem:
     Options = SwitchOptions
 
     @staticmethod
-    def extra_cpu(options: SwitchOptions, steps_per_s: float, n_params: int) -> float:
-        """The async phase's PS shards (the sync phase has none)."""
-        return shard_cpu(options.servers, steps_per_s, n_params)
+    def cpu_processes(options: SwitchOptions, workers: int) -> list[Proc]:
+        """The sync phase's DDP ranks or PS workers, then the async phase's (all forked from a
+        zygote), and the PS shards."""
+        return ps_processes(options.servers, workers)
 
     @staticmethod
     def check_spec(spec: RunSpec, options: SwitchOptions, workload: Any, device: Any, stragglers: Any) -> None:
