@@ -117,10 +117,12 @@ def test_active_spans_leave_out_the_pauses():
 def test_a_process_left_by_an_earlier_run_is_not_this_runs():
     """A child already running when sampling starts, claimed by no role (pyspark's gateway JVM after
     a Spark run), is left out, burning or reaped; one the run claims counts."""
-    leftover = subprocess.Popen([sys.executable, "-c", BURN, "0.5", "psbench-leftover"], stdout=subprocess.PIPE, text=True)
+    # burns long against the sampling interval: what a process burns after its last sample goes to its
+    # reaper (the sampler's stated resolution, one interval), a few % of 1.2 s (10% of 0.3 s, loaded)
+    leftover = subprocess.Popen([sys.executable, "-c", BURN, "1.5", "psbench-leftover"], stdout=subprocess.PIPE, text=True)
     with TreeSampler(classifier([Proc("burner", 1, r"psbench-burn\b")]), interval_s=0.05) as sampler:
         t0, own0 = time.time(), _own_cpu_s()
-        out = subprocess.run([sys.executable, "-c", BURN, "0.3", "psbench-burn"], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", BURN, "1.2", "psbench-burn"], capture_output=True, text=True,
                              check=True)
         leftover_burned = float(leftover.communicate()[0])   # reaped inside the span
         time.sleep(0.2)

@@ -164,6 +164,7 @@ def test_calibration_is_measured_once_and_cached(monkeypatch, tmp_path):
     """The real calibration of `single`: two short runs, figures for its one role, kept in the cache
     dir with the machine's cores and the commit; the next plan reads them back without a run."""
     monkeypatch.setenv("PSBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(calibration.FIGURES_ENV, raising=False)  # the session's shipped figures: not here
     monkeypatch.setenv(CORES_ENV, "2")
     conditions = plan(RunSpec("single", "mlp-digits", max_steps=5, emulate_device="step_ms=5")).conditions
     file = Path(conditions["cpu_calibration"]["file"])

@@ -12,8 +12,8 @@ about SPAN_S each. Per role, the cores a process kept busy are fitted as
 (workers: their own steps/s, and the gradient's CPU, measured apart, taken out; any other role:
 the steps/s of all workers together, since a shard or a driver handles every worker's step). A
 system whose steps no emulated device can pace (Spark's JVM trainers) runs once, its roles' cost
-all fixed. The figures are cached per (system, workload) in cache_dir()/cpu/; delete a file to
-measure again.
+all fixed. The figures are measured once per system (on its calibration workload) and cached in
+cache_dir()/cpu/ (or $PSBENCH_CPU_FIGURES); delete a file to measure again.
 """
 from __future__ import annotations
 
@@ -93,8 +93,14 @@ class SystemCalibration:
                 "figures": {r: asdict(f) for r, f in self.figures.items()}, "runs": self.runs}
 
 
+FIGURES_ENV = "PSBENCH_CPU_FIGURES"  # a folder of figures to use instead of cache_dir()/cpu (the tests')
+
+
 def calibration_file(system: str, workload: str) -> Path:
-    return cache_dir() / "cpu" / f"{system}-{workload}-v{CALIBRATION_VERSION}.json"
+    import os
+
+    folder = Path(os.environ[FIGURES_ENV]) if os.environ.get(FIGURES_ENV) else cache_dir() / "cpu"
+    return folder / f"{system}-{workload}-v{CALIBRATION_VERSION}.json"
 
 
 def load(system: str, workload: str) -> SystemCalibration | None:

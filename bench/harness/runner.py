@@ -124,10 +124,16 @@ def declared_processes(system_cls: type, options: Any, workers: int) -> tuple[li
     return processes, self_role
 
 
+CALIBRATION_WORKLOAD = "mlp-digits"  # a system's figures are measured once, on this workload
+
+
 def calibrated(spec: RunSpec, system_cls: type) -> SystemCalibration:
-    """The system's CPU figures on the spec's workload, measured here once (calibration.py)."""
+    """The system's CPU figures, measured here once (calibration.py) on its calibration workload
+    (mlp-digits, or the system's `calibration_workload`): per process and per step, they carry to
+    other workloads, whose own gradient CPU the plan measures apart (measured_compute_s). Once per
+    system, not per workload: a fresh machine pays a dozen short calibrations, not one per pair."""
     workers = min(CALIBRATION_WORKERS, getattr(system_cls, "max_workers", None) or CALIBRATION_WORKERS)
-    base = RunSpec(spec.system, spec.workload, workers=workers, data_dir=spec.data_dir)
+    base = RunSpec(spec.system, getattr(system_cls, "calibration_workload", CALIBRATION_WORKLOAD), workers=workers)
     return load_or_calibrate(base, lambda: measured_compute_s(base)[0], getattr(system_cls, "paces_steps", True),
                              getattr(system_cls, "calibration_min_step_s", 0.0), _measure)
 

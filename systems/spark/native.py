@@ -209,6 +209,7 @@ class SparkNativeSystem(SparkSystem):
     name = "spark-mllib-native"
     Options = NativeOptions
     paces_steps = False  # the iterations run inside the JVM: no emulated device or straggler can pace them
+    calibration_workload = "logreg-higgs-synthetic"  # a workload its JVM trainers take (the harness' CPU figures)
 
     @staticmethod
     def cpu_processes(options: SparkOptions, workers: int) -> list[Proc]:
