@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker
+.PHONY: setup test test-slow bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 # The docker tests (marked `docker`, left out by pyproject's addopts) run in `make test-docker`.
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The tests of a minute or more each (marked slow; CI runs them after `make test`).
+test-slow: setup
+	$(BIN)/python -m pytest -q -m 'slow and not docker'
 
 # Horovod is built (or taken from the cache) first; if it cannot be built here, its runs are
 # skipped with a note and the rest of the suite still runs.
@@ -62,7 +66,7 @@ test-horovod: setup
 
 # 8 workers x 10k push-pull ops against 2 shards on loopback: ops/s, p50/p99, shard memory growth.
 soak: setup
-	$(BIN)/python -m pytest -q -s tests/soak_ps.py
+	$(BIN)/python -m pytest -q -s -m slow tests/soak_ps.py
 
 # The image, built offline: dockerd started if none answers (docker/daemon.json: networks in
 # 198.19.0.0/16), a Debian base made with debootstrap (docker/base-image.sh), every wheel built on

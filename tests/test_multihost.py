@@ -309,6 +309,7 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
 
 # ---- the bandwidth experiment (quick variant) ----------------------------------------------------
 
+@pytest.mark.slow  # ~90 s: `make test-slow` (CI runs it)
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
 def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):

@@ -1,5 +1,6 @@
 """Every `psbench` line of the README's examples runs as written on this machine (a newcomer's first
-hour): each line of a ```sh block that starts with `.venv/bin/psbench` runs from a scratch folder
+hour): each line of a ```sh block that runs `.venv/bin/psbench` (after a `git switch ... &&`, the
+psbench part, in this checkout) runs from a scratch folder
 that sees this checkout's bench/ (so its relative paths and results/ resolve there), with a short
 budget added to single runs (--max-steps, unless the line sets its own budget or is a suite or
 --help). Lines run in README order, so `report` finds the results an earlier line wrote."""
@@ -19,7 +20,7 @@ from psbench.systems.common import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ["--max-steps", "8"]
-pytestmark = pytest.mark.slow  # about 5 minutes: `make test-slow` (CI runs it), not `make test`
+pytestmark = pytest.mark.slow  # about 3 minutes: `make test-slow` (CI runs it), not `make test`
 
 
 def readme_lines() -> list[str]:
@@ -29,8 +30,10 @@ def readme_lines() -> list[str]:
         if line.startswith("```"):
             in_sh = line.strip() == "```sh"
             continue
-        if in_sh and line.startswith(".venv/bin/psbench "):
-            lines.append(line.split("  #")[0].split(" # ")[0].strip())
+        # `git switch my-change && .venv/bin/psbench ...`: the psbench part (here: the same checkout)
+        command = line.split("&& ", 1)[1] if "&& .venv/bin/psbench " in line else line
+        if in_sh and command.startswith(".venv/bin/psbench "):
+            lines.append(command.split("  #")[0].split(" # ")[0].strip())
     return lines
 
 

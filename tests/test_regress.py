@@ -133,6 +133,7 @@ def test_the_committed_baseline_follows_its_tolerance_rule():
     assert min(baseline["metrics"][f"ps.asp1_vs_echo_{w}"]["tolerance"] for w in ("cnn_mnist1d", "mlp_digits")) < 0.15
 
 
+@pytest.mark.slow  # ~100 s of benchmark repeats: `make test-slow` (CI runs it)
 def test_a_20_percent_ps_slowdown_fails_the_check_and_an_unchanged_run_passes(tmp_path, monkeypatch, capsys):
     """A baseline of the ps benchmark measured here and now (the committed baseline's rule, so this
     machine's state today is on both sides); then the PS side made 20% slower

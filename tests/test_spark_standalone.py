@@ -31,7 +31,7 @@ from psbench.systems.spark.session import pyspark_unavailable_reason
 from secret_helpers import watch_cmdlines
 
 REASON = netlab.unavailable_reason() or pyspark_unavailable_reason()
-pytestmark = [pytest.mark.netns, pytest.mark.spark,
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.spark,  # ~3.5 min: `make test-slow`
               pytest.mark.skipif(REASON is not None, reason=f"spark standalone on netns: {REASON}")]
 
 DRIVER = 3

@@ -33,6 +33,7 @@ def _horovod_reason() -> str | None:
     return get_system("horovod").unavailable_reason()
 
 
+SPARK_SLOW = [pytest.mark.spark, pytest.mark.slow]  # a Spark session each: `make test-slow` (CI runs them)
 CASES = [
     pytest.param("single", 1, {}, id="single"),
     pytest.param("ps", 2, {"consistency": "asp"}, id="ps-asp"),
@@ -45,9 +46,9 @@ CASES = [
     pytest.param("ray-ps", 2, {"consistency": "asp"}, id="ray-ps", marks=pytest.mark.skipif(
         not _has("ray"), reason="ray not installed")),
     pytest.param("switch", 2, {"criterion": "fixed:fraction=0.5"}, id="switch"),
-    pytest.param("spark-mllib", 2, {"spark_master": "local[2]"}, id="spark-mllib", marks=pytest.mark.spark),
-    pytest.param("spark-barrier", 2, {"spark_master": "local[2]"}, id="spark-barrier", marks=pytest.mark.spark),
-    pytest.param("spark-torch", 2, {"spark_master": "local[2]"}, id="spark-torch", marks=pytest.mark.spark),
+    pytest.param("spark-mllib", 2, {"spark_master": "local[2]"}, id="spark-mllib", marks=SPARK_SLOW),
+    pytest.param("spark-barrier", 2, {"spark_master": "local[2]"}, id="spark-barrier", marks=SPARK_SLOW),
+    pytest.param("spark-torch", 2, {"spark_master": "local[2]"}, id="spark-torch", marks=SPARK_SLOW),
 ]
 
 
@@ -79,6 +80,7 @@ def test_the_time_columns_add_up_to_the_step_interval(system: str, workers: int,
     assert first <= 3 * typical + FIRST_STEP_SLACK_S, (system, first, typical, recorder.extra.get("setup_s"))
 
 
+@pytest.mark.slow
 def test_native_spark_rows_are_iterations_and_add_up() -> None:
     pytest.importorskip("pyspark")
     spec = RunSpec("spark-mllib-native", "logreg-higgs-synthetic", workers=2, batch_size=500, max_steps=8, epochs=10,

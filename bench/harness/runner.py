@@ -279,14 +279,15 @@ class SampledRecorder(Recorder):
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        self.sampler.sample()
-        start = time.time()
-        try:
-            with super().paused():
-                yield
-        finally:
-            self.pauses.append((start, time.time()))
+        # the samples (a scan of the tree, a few ms) are taken inside the pause: off the clock
+        with super().paused():
             self.sampler.sample()
+            start = time.time()
+            try:
+                yield
+            finally:
+                self.pauses.append((start, time.time()))
+                self.sampler.sample()
 
 
 def record_run(planned: PlannedRun, quiet: bool = False) -> Recorder:
