@@ -202,7 +202,9 @@ class Shard:
         if grad is not None:
             bases = [self._basis(r) for r in reqs]
             tau = max(self.version - version for version, _ in bases)
-            lr, momentum = self.warmup.at(self.version - self.start_version, self.lr, self.optimizer.momentum)
+            lr, momentum = self.lr, None  # None: the optimizer's own momentum
+            if self.warmup.kind != "none":  # the common case pays one comparison, not a call
+                lr, momentum = self.warmup.at(self.version - self.start_version, lr, self.optimizer.momentum)
             g, lr = self.mitigation.adjust(0, grad, lr, tau, self.flat, bases[0][1])
             out = grad if reusable else None
             self.flat = self.optimizer.step(self.flat, g, self.momentum_flat, lr, out, momentum)
