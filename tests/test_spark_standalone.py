@@ -150,11 +150,15 @@ def test_an_executor_lost_inside_a_collect_or_between_jobs_is_one_clear_error(po
 
 
 def test_standalone_cluster_on_loopback(tmp_path: Path):
-    """The same cluster on 127.0.0.1 (one worker, two slots): the driver stays in this namespace."""
+    """The same cluster on 127.0.0.1 (one worker, two slots): the driver stays in this namespace.
+    The driver starts with no CPU figures, as on a fresh machine (docker's driver): its calibration
+    runs spark-mllib in local mode in the same JVM first, with the token set, and the cluster run
+    after it must still authenticate with the cluster's secret."""
     with SparkCluster(LocalHosts(2), master=0, workers=[1], cores=2) as sc:
         assert sc.url.startswith("spark://127.0.0.1:")
+        env = child_env({**sc.driver_env(), "PSBENCH_CPU_FIGURES": str(tmp_path / "no-figures-yet")})
         run = subprocess.Popen(driver_argv(sc, "127.0.0.1", "spark-mllib:30", tmp_path / "results"),
-                               env=child_env(sc.driver_env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         watch = watch_cmdlines(run, {sc.token}, expect=SPARK_PROCESSES, timeout=240)
         _, err = run.communicate(timeout=60)
         assert run.returncode == 0, err[-3000:]

@@ -226,6 +226,27 @@ def secret_properties(secret: str | None) -> Iterator[None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+SPARK_SECRET_LOOKUP_KEY = "sparkCookie"  # SecurityManager.SECRET_LOOKUP_KEY: the secret in the user's credentials
+
+
+def pin_jvm_secret(secret: str) -> None:
+    """Put `secret` where a cluster session's SecurityManager looks first, when this process's JVM
+    is already up. A local-mode session with spark.authenticate makes up its own secret and leaves it
+    in the JVM user's credentials, which Spark reads before spark.authenticate.secret: a cluster
+    session started after it in the same JVM (a run after its CPU calibration, which runs in local
+    mode) would authenticate with that one and the master would refuse it (SASL "Mismatched
+    response", then "All masters are unresponsive")."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:  # the JVM starts with this session: nothing made up yet
+        return
+    jvm = gateway.jvm
+    credentials = jvm.org.apache.hadoop.security.Credentials()
+    credentials.addSecretKey(jvm.org.apache.hadoop.io.Text(SPARK_SECRET_LOOKUP_KEY), bytearray(secret.encode()))
+    jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser().addCredentials(credentials)
+
+
 def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = None,
                 barrier_timeout_s: int = 300, insecure: bool = False, secret: str | None = None) -> SessionInfo:
     """The active session if it runs on `master` with `extra_conf` (and `secret`, Spark's
@@ -279,6 +300,8 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
     for key, value in settings.items():
         builder = builder.config(key, value)
     start = time.perf_counter()
+    if secret is not None and not master.startswith("local"):
+        pin_jvm_secret(secret)
     with secret_properties(secret):
         spark = builder.getOrCreate()
     _session_secret = secret
