@@ -89,6 +89,15 @@ def test_scaling_and_sharding_tables_compute_what_they_claim(suite):
     assert got["random"] == pytest.approx(1.0)
     assert got["stratified"] == pytest.approx(var["random"] / var["stratified"])
     assert got["distribution-aware:3"] > 1  # the fixture makes random the noisiest
+    # the design's power at the verdict's Bonferroni level (every non-random row of the table is a ratio tested)
+    from psbench.bench.report import variance_power
+    full = sharding_table(res)
+    alpha = 0.05 / int((full["sharding"] != "random").sum())
+    power = table.set_index("sharding")["detectable ratio (80% power)"]
+    seeds = int(table.set_index("sharding")["seeds"]["stratified"])
+    assert pd.isna(power["random"])
+    assert power["stratified"] == pytest.approx(variance_power.detectable_ratio(seeds, seeds, alpha))
+    assert table.set_index("sharding")["seeds for 2x"]["stratified"] == variance_power.seeds_for(2.0, alpha)
 
 
 def test_peers_table_sets_ps_beside_each_peer(suite, report):

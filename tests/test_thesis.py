@@ -2,6 +2,7 @@
 the real Recorder, and the paired statistics behind them."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,10 @@ def test_sharding_verdict_follows_the_records(tmp_path):
     calm = thesis.findings(load_suite(_sharding_suite(tmp_path / "a", calm=0.005)))
     assert [f.verdict for f in calm] == [thesis.REPRODUCED]
     assert "stratified" in calm[0].ours and "after Bonferroni" in calm[0].ours
+    # the design's power and the paper's 5-run design under no effect are stated beside the verdict
+    assert re.search(r"power: \d+ seeds a strategy detect a ratio of [\d.]+x with 80% power at 0.05/\d+; "
+                     r"2x needs \d+ seeds", calm[0].ours), calm[0].ours
+    assert "P(F ≥ 8.48) = 0.031 alone" in calm[0].ours
     alike = thesis.findings(load_suite(_sharding_suite(tmp_path / "b", calm=0.05)))
     assert [f.verdict for f in alike] in ([thesis.INCONCLUSIVE], [thesis.NOT_REPRODUCED])
     assert alike[0].verdict != thesis.REPRODUCED

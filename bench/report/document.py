@@ -20,7 +20,7 @@ import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
-from psbench.bench.report import measures, switching
+from psbench.bench.report import measures, switching, variance_power
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
@@ -324,7 +324,17 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
                 row["p (F)"] = None if same else vr.p_f
                 row["p (paired)"] = None if same or _missing(vr.p_pitman_morgan) else vr.p_pitman_morgan
                 rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    # The design's power, at the Bonferroni level the verdict uses (every ratio tested counts)
+    tested = frame["sharding"] != "random"
+    alpha = variance_power.ALPHA / max(1, int(tested.sum()))
+    frame[f"detectable ratio ({variance_power.POWER:.0%} power)"] = [
+        variance_power.detectable_ratio(int(seeds), int(seeds), alpha) if t and seeds >= 2 else None
+        for t, seeds in zip(tested, frame["seeds"])]
+    need = variance_power.seeds_for(thesis_findings.SHARDING_EFFECT, alpha)
+    frame[f"seeds for {thesis_findings.SHARDING_EFFECT:g}x"] = [
+        (need if need is not None else f"> {variance_power.MAX_SEEDS}") if t else None for t in tested]
+    return frame
 
 
 PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (issue 18: ps >= 2x each at 4 workers)
@@ -661,7 +671,11 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
     table("Sharding variability", sharding,
           "Mean and variance (over seeds) of the final metrics; var ratio = variance under random sharding ÷ "
           "variance under the strategy (> 1: less variable than random), with its interval and p-values of "
-          "tests of equal variances (small p: the difference is unlikely to be chance).")
+          "tests of equal variances (small p: the difference is unlikely to be chance). Power: the smallest true "
+          "ratio this many seeds detect with 80% power by a one-sided F test at 0.05 ÷ the ratios tested "
+          "(Bonferroni, as the verdict), and the seeds per strategy a 2x effect needs at that level "
+          "(bench/report/variance_power.py). The paper's design (5 runs a strategy): "
+          + variance_power.paper_design_text() + ".")
     table("Strategy-Switch", switch, "Strategy-Switch runs (role switch) and the pure sync and async runs set up "
           "alike: time of the sync → async switch, hand-over, time to target (MLPerf, incl. launch + hand-over) "
           "and final accuracy.")

@@ -28,6 +28,7 @@ from psbench.bench.report.plots import SHARDING_GROUP, SHARDING_METRICS, _strate
 from psbench.bench.report import stats
 from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
                                             switch_verdict_table)
+from psbench.bench.report import variance_power
 from psbench.bench.report.stats import (Interval, VarianceRatio, paired_variance_ratio,
                                         variance_ratio)
 from psbench.core.atomic import atomic_write_text
@@ -192,6 +193,12 @@ def sharding(res: SuiteResults) -> Finding | None:
     for _, r in above.iterrows():
         parts.append(f"{r['sharding']} {r['metric']} ({r['workload']}) "
                      f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, p={r['p_paired']:.3g}")
+    seeds = int(ratios["seeds"].min())
+    need = variance_power.seeds_for(SHARDING_EFFECT, ALPHA / m)
+    parts.append(f"power: {seeds} seeds a strategy detect a ratio of "
+                 f"{variance_power.detectable_ratio(seeds, seeds, ALPHA / m):.2f}x with 80% power at {ALPHA:g}/{m}; "
+                 f"{SHARDING_EFFECT:g}x needs {need if need is not None else f'> {variance_power.MAX_SEEDS}'} seeds")
+    parts.append("the paper's design: " + variance_power.paper_design_text())
     if len(significant):
         verdict = REPRODUCED
     elif (ratios["hi"] < SHARDING_EFFECT).all():
