@@ -64,3 +64,34 @@ def test_a_switch_keeps_one_budget_and_one_evaluation_grid_across_both_phases():
     phase2 = recorder.extra["ps"]["phases"][-1]
     assert phase2["warmup"] == {"kind": "lr", "start": 0.2, "updates": 40}
     assert phase2["async_step"]["step_per_sample_vs_sync"] == pytest.approx(1.0)
+
+
+class _Steps:
+    """What record_spikes reads and writes of a Recorder: its step rows and its events."""
+
+    def __init__(self, rows: list[dict]):
+        self.steps, self.events = rows, []
+
+    def event(self, kind: str, **detail) -> None:
+        self.events.append((kind, detail))
+
+
+def _rows(losses_by_step: dict[int, list[float]]) -> list[dict]:
+    return [{"step": step, "worker": w, "t_wall": step * 0.1, "loss": loss}
+            for step, losses in losses_by_step.items() for w, loss in enumerate(losses)]
+
+
+def test_a_loss_spike_is_beyond_the_hand_over_loss_and_beyond_the_sync_phases_own_noise():
+    from psbench.systems.switch.adapter import SPIKE_AFTER, record_spikes
+
+    # sync phase (steps 0-9): mean loss 0.0625, a small batch swinging up to 0.3 (4.8x the mean)
+    before = {s: [0.05, 0.3 if s == 4 else 0.05] for s in range(10)}
+    # async phase: a batch at 0.25 (4x the mean, but no more than the sync phase's own noise) is not a spike;
+    # 0.9 and 0.6 are; beyond the first SPIKE_AFTER async steps nothing is looked for
+    after = {10: [0.25, 0.9], 11: [0.6, 0.05], 10 + SPIKE_AFTER: [5.0, 5.0]}
+    recorder = _Steps(_rows({**before, **after}))
+    summary = record_spikes(recorder, switch_step=10)
+    assert summary["pre_switch_loss"] == pytest.approx(0.0625) and summary["pre_switch_max_loss"] == 0.3
+    assert summary["spikes"] == 2
+    assert sorted(d["loss"] for kind, d in recorder.events if kind == "loss_spike") == [0.6, 0.9]
+    assert summary["max_ratio"] == pytest.approx(0.9 / 0.0625)

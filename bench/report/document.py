@@ -44,8 +44,8 @@ PLOT_CAPTIONS = {
                        "synchronous all-reduce to asynchronous PS training.",
     "handover_loss": "Training loss around each Strategy-Switch hand-over (steps since the switch; thin lines "
                      "are seeds, bold the median): a jump after step 0 is the spike the warm-up "
-                     "(lr or momentum ramp) is for; spikes beyond 2x the pre-switch loss are recorded as "
-                     "loss_spike events.",
+                     "(lr or momentum ramp) is for; losses beyond 2x the pre-switch loss and beyond the sync "
+                     "phase's own largest mini-batch loss are recorded as loss_spike events.",
     "switch_map": "The regime map: for each workload, worker count and straggler condition, the best switch "
                   "variant's (and pure ASP's) speed-up to target over the fastest sync system, with the final "
                   "accuracy difference; blue cells are where it pays. Means over the verdict seeds; the table "
