@@ -105,7 +105,7 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
     """)
     before = set(netlab.list_namespaces())
     result = cluster.run_file(cluster.load(path), results_dir)
-    assert set(netlab.list_namespaces()) == before          # the lab is gone
+    assert set(netlab.list_namespaces()) <= before          # the lab is gone (another's may end meanwhile)
     run_dir = results_dir / "multihost" / result.run_id
     manifest = json.loads((run_dir / "manifest.json").read_text())
     hosts = manifest["extra"]["cluster"]["hosts"]
@@ -140,7 +140,7 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
     before = set(netlab.list_namespaces())
     with pytest.raises(cluster.RoleFailed, match="node"):
         cluster.run_file(cluster.load(path), results_dir)
-    assert set(netlab.list_namespaces()) == before
+    assert set(netlab.list_namespaces()) <= before  # nothing of this lab is left (another lab may end meanwhile)
     assert not (results_dir / "cluster").exists() or not any((results_dir / "cluster").glob("*/manifest.json"))
 
 
@@ -319,7 +319,7 @@ def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
 
     before = set(netlab.list_namespaces())
     assert main(["netlab", "bench", "--quick", "--results-dir", str(tmp_path)]) == 0
-    assert set(netlab.list_namespaces()) == before
+    assert set(netlab.list_namespaces()) <= before  # nothing of this lab is left (another lab may end meanwhile)
     table = pd.read_csv(tmp_path / "netlab" / "bandwidth.csv")
     assert (tmp_path / "netlab" / "bandwidth.png").stat().st_size > 10_000
     ratio = {("capped" if c == c else "uncapped"): r
