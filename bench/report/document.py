@@ -331,9 +331,8 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
     frame[f"detectable ratio ({variance_power.POWER:.0%} power)"] = [
         variance_power.detectable_ratio(int(seeds), int(seeds), alpha) if t and seeds >= 2 else None
         for t, seeds in zip(tested, frame["seeds"])]
-    need = variance_power.seeds_for(thesis_findings.SHARDING_EFFECT, alpha)
-    frame[f"seeds for {thesis_findings.SHARDING_EFFECT:g}x"] = [
-        (need if need is not None else f"> {variance_power.MAX_SEEDS}") if t else None for t in tested]
+    need = variance_power.seeds_label(thesis_findings.SHARDING_EFFECT, alpha)
+    frame[f"seeds for {thesis_findings.SHARDING_EFFECT:g}x"] = [need if t else None for t in tested]
     return frame
 
 
@@ -675,7 +674,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           "ratio this many seeds detect with 80% power by a one-sided F test at 0.05 ÷ the ratios tested "
           "(Bonferroni, as the verdict), and the seeds per strategy a 2x effect needs at that level "
           "(bench/report/variance_power.py). The paper's design (5 runs a strategy): "
-          + variance_power.paper_design_text() + ".")
+          + (variance_power.paper_design_text() + "." if not sharding.empty else ""))
     table("Strategy-Switch", switch, "Strategy-Switch runs (role switch) and the pure sync and async runs set up "
           "alike: time of the sync → async switch, hand-over, time to target (MLPerf, incl. launch + hand-over) "
           "and final accuracy.")

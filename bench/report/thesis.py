@@ -194,10 +194,9 @@ def sharding(res: SuiteResults) -> Finding | None:
         parts.append(f"{r['sharding']} {r['metric']} ({r['workload']}) "
                      f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, p={r['p_paired']:.3g}")
     seeds = int(ratios["seeds"].min())
-    need = variance_power.seeds_for(SHARDING_EFFECT, ALPHA / m)
     parts.append(f"power: {seeds} seeds a strategy detect a ratio of "
                  f"{variance_power.detectable_ratio(seeds, seeds, ALPHA / m):.2f}x with 80% power at {ALPHA:g}/{m}; "
-                 f"{SHARDING_EFFECT:g}x needs {need if need is not None else f'> {variance_power.MAX_SEEDS}'} seeds")
+                 f"{SHARDING_EFFECT:g}x needs {variance_power.seeds_label(SHARDING_EFFECT, ALPHA / m)} seeds")
     parts.append("the paper's design: " + variance_power.paper_design_text())
     if len(significant):
         verdict = REPRODUCED

@@ -13,6 +13,7 @@ The paper (Provatas et al., IEEE BigData 2021) ran 5 runs per strategy and compa
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +69,12 @@ def seeds_for(effect: float, alpha: float = ALPHA, power: float = POWER) -> int 
     return lo
 
 
+def seeds_label(effect: float, alpha: float = ALPHA, power: float = POWER) -> int | str:
+    """seeds_for as a table cell or text: the count, or '> MAX_SEEDS' beyond reach."""
+    need = seeds_for(effect, alpha, power)
+    return need if need is not None else f"> {MAX_SEEDS}"
+
+
 @dataclass(frozen=True)
 class PaperNull:
     """One of the paper's reported ratios, read against its own design under no effect."""
@@ -86,8 +93,10 @@ def paper_null(ratio: float) -> PaperNull:
                      largest_of(p, per_metric * PAPER_METRICS))
 
 
+@functools.lru_cache(maxsize=1)
 def paper_design_text() -> str:
-    """One line for the report and the verdict: the paper's design against no effect."""
+    """One line for the report and the verdict: the paper's design against no effect (module
+    constants and a seeded simulation: computed once a process, not per report and verdict)."""
     d = PAPER_RUNS - 1
     parts = [f"under no effect its {PAPER_RUNS}-run ratios follow F({d}, {d}): 95th percentile "
              f"{sps.f.ppf(0.95, d, d):.2f}, 99th {sps.f.ppf(0.99, d, d):.2f}"]
