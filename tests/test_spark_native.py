@@ -4,6 +4,7 @@ pyspark's LogisticRegressionWithSGD.train gives, Spark's MLP weights load into t
 with the same predictions, and a run records one step row per partition per iteration."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -93,10 +94,8 @@ def test_gradient_descent_call_equals_logistic_regression_with_sgd(spark_session
 
     spark = spark_session.spark
     prep = prepare(RunSpec("spark-mllib-native", "logreg-higgs-synthetic", workers=2, batch_size=8000))
-    x, y = prep.data.x_train[:4000], prep.data.y_train[:4000]
-    small = type(prep.data)("higgs-small-test", x, y, prep.data.x_val, prep.data.y_val, 2)
-    prep.data = small
-    data = native.jvm_rows(spark, prep, "logreg")
+    x, y = prep.data.x_train, prep.data.y_train
+    data = native.jvm_rows(spark, prep, "logreg", 2)
     initial = np.concatenate([np.random.default_rng(0).normal(0, 0.1, 28), [1.0]])
     ours, losses = native.SparkNativeSystem._logreg(spark.sparkContext, data, initial, 0.5, 6, 1.0)
     points = [LabeledPoint(float(label), row.astype(np.float64)) for row, label in zip(x, y)]
@@ -158,3 +157,34 @@ def test_mlp_run_trains_with_the_multilayer_perceptron(spark_session, monkeypatc
     assert "MultilayerPerceptronClassifier" in rec.extra["native_trainer"]
     evals = {(e["step"], e["split"]): e["loss"] for e in rec.evals}
     assert evals[(4, "train")] != evals[(0, "train")]  # the trained weights, not the initial ones
+
+
+def test_tasks_carry_no_data_and_partitions_follow_partitions_per_core(spark_session):  # noqa: F811
+    """The rows are built on the executors: each task's partition is a few hundred bytes at any
+    partitioning, where a partition that holds its rows (sc.parallelize of arrays) ships them all."""
+    from psbench.systems.spark.partitions import task_partition_bytes
+
+    sc = spark_session.spark.sparkContext
+    assert task_partition_bytes(sc, sc.parallelize([np.zeros(50_000)], 1)._jrdd.rdd()) > 400_000  # the measure sees data
+    for per_core in (1, 2):
+        rec = run_system("spark-mllib-native", "logreg-higgs-synthetic", batch_size=2000, max_steps=4, epochs=10,
+                         options={"spark_master": "local[2]", "partitions_per_core": per_core})
+        assert rec.extra["partitions"] == 2 * per_core and rec.extra["partitions_per_core"] == per_core
+        assert rec.extra["task_partition_bytes"] < 4096, rec.extra["task_partition_bytes"]
+        events = [json.loads(e["detail"]) for e in rec.events if e["kind"] == "spark_step"]
+        assert {len(e["task_run_s"]) for e in events} == {2 * per_core}  # one task per partition, every iteration
+
+
+def test_the_pyspark_api_trainer_runs_as_a_user_calls_it(spark_session):  # noqa: F811
+    rec = run_system("spark-mllib-native", "logreg-higgs-synthetic", batch_size=1000, max_steps=6, epochs=10,
+                     options={"spark_master": "local[2]", "trainer": "api"})
+    assert "LogisticRegressionWithSGD.train" in rec.extra["native_trainer"] and rec.extra["jvm_warmup_iterations"] == 0
+    steps = rec.steps
+    assert len(steps) == 6 and all(math.isnan(r["loss"]) for r in steps)  # the API returns no loss history
+    assert all(1800 <= r["n_samples"] <= 2200 for r in steps)  # 2,000 of 16,000 a draw, counted on its partitions
+    assert rec.extra["task_partition_bytes"] < 4096
+    evals = {(e["step"], e["split"]): e["loss"] for e in rec.evals}
+    # the API's weights came back (its intercept starts at 1.0, not the run's: the loss may rise first)
+    assert math.isfinite(evals[(6, "train")]) and evals[(6, "train")] != evals[(0, "train")]
+    with pytest.raises(ConfigError, match="takes logreg workloads"):
+        plan(RunSpec("spark-mllib-native", "mlp-higgs-1m", workers=2, options={"trainer": "api"}))

@@ -8,15 +8,16 @@ from psbench.core.spec import RunSpec
 from psbench.systems import get_system
 from psbench.systems.base import parse_options
 from psbench.systems.common import prepare
-from psbench.systems.spark.partitions import common_steps, shard_blocks
+from psbench.systems.spark.partitions import common_steps, executor_shard
 from psbench.systems.spark.session import error_line, parse_conf
 from psbench.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("sharding", ["random", "stratified"])
 def test_shard_block_batches_equal_prepared_batches(sharding):
-    prep = prepare(RunSpec("spark-mllib", "mlp-digits", workers=3, batch_size=50, epochs=2, sharding=sharding))
-    for block in shard_blocks(prep):
+    spec = RunSpec("spark-mllib", "mlp-digits", workers=3, batch_size=50, epochs=2, sharding=sharding)
+    prep = prepare(spec)
+    for block in (executor_shard(w, spec) for w in range(3)):  # built as an executor builds it
         for step, x, y in prep.batches(block.worker):
             bx, by = block.batch(step)
             np.testing.assert_array_equal(bx.numpy(), x.numpy())

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,9 @@ from psbench.core.cpu import WORKERS, Proc
 from psbench.core.errors import ConfigError
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
+from psbench.systems.base import option
 from psbench.systems.common import Prepared, evaluate_splits, prepare, record_evals
-from psbench.systems.spark.partitions import clock_mapper, common_steps
+from psbench.systems.spark.partitions import clock_mapper, common_steps, task_partition_bytes
 from psbench.systems.spark.session import SPARK_JVM, SparkJobFailed, SparkOptions, SparkSystem, error_line, start_session
 
 ITERATION_JOB = "treeAggregate at GradientDescent"  # the call site of one iteration's job
@@ -49,10 +51,24 @@ EXTRA_ITERATIONS = 1
 WARMUP_ITERATIONS = 1 + EXTRA_ITERATIONS + 2  # untimed iterations before each run (JVM warm-up)
 
 
+TRAINERS = ("gd", "api")
+
+
 @dataclass(frozen=True)
 class NativeOptions(SparkOptions):
+    partitions_per_core: int = option(1, "partitions of the training rows per task slot (Spark users run 2-4 per "
+                                         "core, spark.default.parallelism)")
+    trainer: str = option("gd", "logreg: 'gd' calls MLlib's GradientDescent.runMiniBatchSGD from the run's initial "
+                                "weights (its loss history comes back); 'api' calls pyspark's "
+                                "LogisticRegressionWithSGD.train as a user would (intercept starts at its 1.0, "
+                                "rows converted from Python each run, no loss history, no JVM warm-up)")
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.partitions_per_core < 1:
+            raise ConfigError(f"option partitions_per_core must be >= 1, got {self.partitions_per_core}")
+        if self.trainer not in TRAINERS:
+            raise ConfigError(f"option trainer: '{self.trainer}' is not a trainer; use {' or '.join(TRAINERS)}")
         for name in ("fail_at_step", "hold"):
             if getattr(self, name) not in (-1, ""):
                 raise ConfigError(f"option {name}: spark-mllib-native runs Spark's own trainer, which has no hook "
@@ -129,47 +145,79 @@ def mlp_layers(model: torch.nn.Module) -> list[int]:
 # ---- the training rows in the JVM --------------------------------------------------------------
 
 _DATA: dict[tuple, Any] = {}
+_EXECUTOR_ROWS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def jvm_rows(spark: Any, prep: Prepared, kind: str) -> Any:
-    """The training rows in Spark, one partition per worker, cached and reused by later runs on the
-    same session and dataset: for logreg a JVM RDD[(label, features + 1.0)] (the intercept column
-    MLlib's GeneralizedLinearAlgorithm appends), for the MLP a DataFrame (features, label)."""
+def _partition_rows(ids: Any, dataset: str, data_dir: str | None, n_parts: int, kind: str) -> Any:
+    """Executor side (mapInPandas): the training rows of the partitions whose ids arrive, built
+    from the seeded, cached dataset on the executor's own disk, so a task carries a partition id,
+    never the data (as a Spark user's job reads files)."""
     import pandas as pd
+
+    from psbench.workloads.datasets import load_dataset
+    from psbench.workloads.registry import DATA_SEED
+
+    key = (dataset, data_dir)
+    if key not in _EXECUTOR_ROWS:  # Python workers are reused across tasks: load the rows once
+        _EXECUTOR_ROWS.clear()
+        data = load_dataset(dataset, DATA_SEED, Path(data_dir) if data_dir else None)
+        _EXECUTOR_ROWS[key] = (data.x_train, data.y_train)
+    x, y = _EXECUTOR_ROWS[key]
+    bounds = np.linspace(0, len(y), n_parts + 1).astype(np.int64)
+    for frame in ids:
+        for part in frame["id"].tolist():
+            lo, hi = int(bounds[part]), int(bounds[part + 1])
+            columns = {f"f{i}": x[lo:hi, i].astype(np.float64) for i in range(x.shape[1])}
+            if kind == "logreg":  # MLlib's GeneralizedLinearAlgorithm appends this column itself
+                columns["intercept"] = np.ones(hi - lo)
+            columns["label"] = y[lo:hi].astype(np.float64)
+            yield pd.DataFrame(columns)
+
+
+def partition_count(spec: RunSpec, options: "NativeOptions") -> int:
+    """Partitions of the training rows: partitions_per_core per task slot (one slot per worker)."""
+    return spec.workers * options.partitions_per_core
+
+
+def jvm_rows(spark: Any, prep: Prepared, kind: str, n_parts: int) -> Any:
+    """The training rows in Spark, `n_parts` partitions built on the executors (_partition_rows),
+    cached and reused by later runs on the same session, dataset and partitioning: for logreg a
+    JVM RDD[(label, features + 1.0)] (the intercept column MLlib's GeneralizedLinearAlgorithm
+    appends), for the MLP and the API ("rows") a DataFrame (features, label)."""
+    from functools import partial
+
     from pyspark.ml.feature import VectorAssembler
     from pyspark.sql import DataFrame
 
     # keyed by the context's application id: an id() of a stopped context's object can come back
     app = spark.sparkContext.applicationId
-    key = (app, prep.data.name, len(prep.data.y_train), prep.spec.workers, kind)
+    key = (app, prep.data.name, len(prep.data.y_train), n_parts, kind)
     if key in _DATA:
         return _DATA[key]
     for old_key, old in _DATA.items():  # a pyspark DataFrame, or a JVM RDD (whose unpersist takes `blocking`)
         if old_key[0] == app:  # another application's context is stopped: its cache went with it
             old.unpersist() if isinstance(old, DataFrame) else old.unpersist(False)
     _DATA.clear()
-    x, y = prep.data.x_train, prep.data.y_train
-    names = [f"f{i}" for i in range(x.shape[1])]
-    columns = {name: x[:, i].astype(np.float64) for i, name in enumerate(names)}
-    if kind == "logreg":
-        columns["intercept"] = np.ones(len(x))
-        names.append("intercept")
-    columns["label"] = y.astype(np.float64)
-    spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
-    frame = spark.createDataFrame(pd.DataFrame(columns)).coalesce(prep.spec.workers)
+    n_features = prep.data.x_train.shape[1]
+    names = [f"f{i}" for i in range(n_features)] + (["intercept"] if kind == "logreg" else [])
+    schema = ", ".join(f"{name} double" for name in names + ["label"])
+    build = partial(_partition_rows, dataset=prep.workload.dataset, data_dir=prep.spec.data_dir, n_parts=n_parts,
+                    kind=kind)
+    frame = spark.range(0, n_parts, 1, n_parts).mapInPandas(build, schema)
     frame = VectorAssembler(inputCols=names, outputCol="features").transform(frame).select("features", "label")
-    if kind == "mlp":
+    if kind != "logreg":  # "mlp", "rows" (the API's input)
         data = frame.cache()
         data.count()
     else:
         from pyspark.mllib.util import MLUtils
 
         old = MLUtils.convertVectorColumnsFromML(frame, "features").cache()
+        old.count()
         jvm = spark.sparkContext._jvm
         # Spark's own conversions, no Python per row: RowMatrix's rows (RDD[Vector]) and the label
         # column as RDD[Double], zipped partition by partition into RDD[(Double, Vector)].
         features = jvm.org.apache.spark.mllib.api.python.PythonMLLibAPI().createRowMatrix(
-            old.select("features")._jdf, len(x), x.shape[1] + 1).rows()
+            old.select("features")._jdf, len(prep.data.y_train), len(names)).rows()
         labels = getattr(old.select("label")._jdf, "as")(jvm.org.apache.spark.sql.Encoders.DOUBLE()).rdd()
         data = labels.toJavaRDD().zip(features.toJavaRDD()).rdd().cache()
         data.count()
@@ -219,7 +267,9 @@ class SparkNativeSystem(SparkSystem):
 
     @staticmethod
     def check_spec(spec: RunSpec, options: NativeOptions, workload: Any, device: Any, stragglers: Any) -> None:
-        trainer_kind(workload)
+        if trainer_kind(workload) != "logreg" and options.trainer == "api":
+            raise ConfigError("option trainer 'api' (LogisticRegressionWithSGD.train) takes logreg workloads; "
+                              f"{workload.name} trains with MultilayerPerceptronClassifier")
         if spec.max_steps is not None and spec.max_steps < 1 + EXTRA_ITERATIONS:
             raise ConfigError(f"spark-mllib-native needs --max-steps >= {1 + EXTRA_ITERATIONS} (Spark's GradientDescent "
                               f"runs numIterations + {EXTRA_ITERATIONS} mini-batches), got {spec.max_steps}")
@@ -245,59 +295,88 @@ class SparkNativeSystem(SparkSystem):
                 f"with {spec.workers} workers), got {prep.batch_size * spec.workers}")
         session = start_session(spec, options, recorder)
         spark, sc = session.spark, session.spark.sparkContext
+        api = options.trainer == "api"
+        n_parts = partition_count(spec, options)
         t_data = time.perf_counter()
-        data = jvm_rows(spark, prep, kind)
+        data = jvm_rows(spark, prep, "rows" if api else kind, n_parts)
         recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
         model, loss_fn = prep.build_model(), prep.workload.loss_fn()
         total = common_steps(prep)
         group = f"psbench-native-{spec.run_id}-{time.time_ns()}"
-        recorder.extra.update(native_trainer=("MLlib GradientDescent.runMiniBatchSGD + LogisticGradient + "
-                                              "SimpleUpdater (LogisticRegressionWithSGD's optimizer)" if kind == "logreg"
-                                              else "pyspark.ml MultilayerPerceptronClassifier(solver='gd')"),
-                              mini_batch_fraction=fraction, native_evals="step 0 and the end (one JVM call)",
+        trainer = {"logreg": "MLlib GradientDescent.runMiniBatchSGD + LogisticGradient + SimpleUpdater "
+                             "(LogisticRegressionWithSGD's optimizer)",
+                   "mlp": "pyspark.ml MultilayerPerceptronClassifier(solver='gd')",
+                   "api": "pyspark.mllib.classification.LogisticRegressionWithSGD.train"}["api" if api else kind]
+        recorder.extra.update(native_trainer=trainer, mini_batch_fraction=fraction, partitions=n_parts,
+                              partitions_per_core=options.partitions_per_core,
+                              task_partition_bytes=task_partition_bytes(sc, data if kind == "logreg" and not api
+                                                                        else data._jdf.rdd()),
+                              native_evals="step 0 and the end (one JVM call)",
                               sharding_applied=False, bytes_source="computed (weights broadcast down, gradient up, "
                                                                    "float64)")
         if spec.emulate_device:
             recorder.extra["emulate_device_applied"] = False
 
+        def fit(iterations: int) -> tuple[np.ndarray, list[float]]:
+            try:
+                if api:
+                    return self._api(data, logreg_to_spark(model), prep.lr, iterations, fraction)
+                if kind == "logreg":
+                    return self._logreg(sc, data, logreg_to_spark(model), prep.lr, iterations, fraction)
+                return self._mlp(data, model, prep, iterations)
+            except ConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
+                raise SparkJobFailed(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from exc
+
         # JVM warm-up off the clock (its own column): a few iterations at the run's fraction first, so
         # the JIT and the cached rows' first GC do not land in the first timed steps. Measured here
-        # without it: a 100 % run's compute fell 4.9 s -> 0.58 s over its six steps.
+        # without it: a 100 % run's compute fell 4.9 s -> 0.58 s over its six steps. A user of the
+        # API does not warm up: its first iterations (and the rows' conversion) are the report's
+        # warm-up cut.
         t_warm = time.perf_counter()
-        try:
-            if kind == "logreg":
-                self._logreg(sc, data, logreg_to_spark(model), prep.lr, WARMUP_ITERATIONS, fraction)
-            else:
-                self._mlp(data, model, prep, WARMUP_ITERATIONS)
-        except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
-            raise SparkJobFailed(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from exc
+        if not api:
+            fit(WARMUP_ITERATIONS)
         recorder.extra["jvm_warmup_s"] = time.perf_counter() - t_warm
-        recorder.extra["jvm_warmup_iterations"] = WARMUP_ITERATIONS
+        recorder.extra["jvm_warmup_iterations"] = 0 if api else WARMUP_ITERATIONS
 
         recorder.start_clock()
         with recorder.paused():
             record_evals(recorder, 0, evaluate_splits(model, loss_fn, prep.data))
         sc.setJobGroup(group, f"psbench {spec.run_id}", False)
         try:
-            if kind == "logreg":
-                weights, losses = self._logreg(sc, data, logreg_to_spark(model), prep.lr, total, fraction)
-            else:
-                weights, losses = self._mlp(data, model, prep, total)
-        except ConfigError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - py4j/pyspark raise several types for a failed job
-            raise SparkJobFailed(f"spark-mllib-native: Spark's trainer failed: {error_line(exc)}") from exc
+            weights, losses = fit(total)
         finally:
             sc.setJobGroup("", "", False)
         to_clock = clock_mapper(recorder)
         train_end = recorder.now()
         (logreg_from_spark if kind == "logreg" else mlp_from_spark)(model, weights)
         with recorder.paused():
-            drawn = drawn_per_iteration(data, fraction if kind == "logreg" else 1.0, total, n_train)
+            drawn = drawn_per_iteration(data._jdf.rdd() if api else data, fraction if kind == "logreg" else 1.0,
+                                        total, n_train)
         self._record_steps(sc, group, recorder, to_clock, losses, total, drawn, len(weights))
         with recorder.paused():
             record_evals(recorder, total, evaluate_splits(model, loss_fn, prep.data), t_wall=train_end)
         recorder.stop_clock()
+
+    @staticmethod
+    def _api(rows: Any, initial: np.ndarray, lr: float, total: int, fraction: float) -> tuple[np.ndarray, list[float]]:
+        """LogisticRegressionWithSGD.train as a user calls it, on an RDD of LabeledPoint from the
+        cached rows (the API converts them to the JVM and caches them itself each call)."""
+        import warnings
+
+        from pyspark.mllib.classification import LogisticRegressionWithSGD
+        from pyspark.mllib.linalg import Vectors
+        from pyspark.mllib.regression import LabeledPoint
+
+        points = rows.rdd.map(lambda r: LabeledPoint(r.label, Vectors.dense(r.features.toArray())))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated since 2.0: run as the thesis ran it
+            fitted = LogisticRegressionWithSGD.train(points, iterations=int(total) - EXTRA_ITERATIONS, step=float(lr),
+                                                     miniBatchFraction=float(fraction),
+                                                     initialWeights=initial[:-1].tolist(), regParam=0.0, regType=None,
+                                                     intercept=True)
+        return np.concatenate([fitted.weights.toArray(), [fitted.intercept]]), []
 
     @staticmethod
     def _logreg(sc: Any, data: Any, initial: np.ndarray, lr: float, total: int,

@@ -37,14 +37,11 @@ class ShardBlock:
         return torch.from_numpy(self.x[local]), torch.from_numpy(self.y[local])
 
 
-def shard_blocks(prep: Prepared) -> list[ShardBlock]:
-    blocks = []
-    for worker, shard in enumerate(prep.plan.shards):
-        shard = np.asarray(shard, dtype=np.int64)
-        sorted_idx = np.sort(shard)
-        blocks.append(ShardBlock(worker, shard, sorted_idx, prep.data.x_train[sorted_idx],
-                                 prep.data.y_train[sorted_idx], prep.spec.seed, prep.batch_size))
-    return blocks
+def shard_block(prep: Prepared, worker: int) -> ShardBlock:
+    shard = np.asarray(prep.plan.shards[worker], dtype=np.int64)
+    sorted_idx = np.sort(shard)
+    return ShardBlock(worker, shard, sorted_idx, prep.data.x_train[sorted_idx], prep.data.y_train[sorted_idx],
+                      prep.spec.seed, prep.batch_size)
 
 
 def common_steps(prep: Prepared) -> int:
@@ -115,17 +112,37 @@ def adopt_task_clock(recorder: Any, t_first: float, t_last: float) -> Any:
     return lambda t_epoch: t_epoch - t_first
 
 
+def executor_shard(worker: int, spec: Any) -> ShardBlock:
+    """Executor side: worker `worker`'s shard, built from the seeded, cached dataset and the run's
+    shard plan on the executor's own disk (the same prepare() as the driver's)."""
+    from psbench.systems.common import prepare
+
+    return shard_block(prepare(spec), worker)
+
+
 def cached_shards(sc: Any, spec: Any, recorder: Any) -> tuple[Prepared, Any]:
-    """Prepare the run and cache its shards as an RDD (partition i = worker i's shard); the
-    time this takes is recorded as spark_data_ready_s."""
+    """Prepare the run and cache its shards as an RDD (partition i = worker i's shard), each built
+    on its executor (executor_shard), so a task carries a worker id, never the data; the time this
+    takes is recorded as spark_data_ready_s, the serialized partition as task_partition_bytes."""
     import time
+    from functools import partial
 
     from psbench.systems.common import prepare
 
     t_data = time.perf_counter()
     prep = prepare(spec)
     recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
-    data = sc.parallelize(shard_blocks(prep), spec.workers).cache()
+    data = sc.parallelize(range(spec.workers), spec.workers).map(partial(executor_shard, spec=spec)).cache()
     data.count()
     recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
+    recorder.extra["task_partition_bytes"] = task_partition_bytes(sc, data._jrdd.rdd())
     return prep, data
+
+
+def task_partition_bytes(sc: Any, jvm_rdd: Any) -> int:
+    """The largest Java-serialized partition of a JVM RDD: what every task on it carries besides
+    its (broadcast) closure. A partition that holds its data (sc.parallelize of arrays, a
+    DataFrame from pandas) ships it with every task of every iteration."""
+    serialize = sc._jvm.org.apache.commons.lang3.SerializationUtils.serialize
+    parts = jvm_rdd.partitions()
+    return max(len(serialize(parts[i])) for i in range(len(parts)))
