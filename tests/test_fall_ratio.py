@@ -10,20 +10,30 @@ from psbench.core.spec import RunSpec
 from tests.report_fixtures import fake_run
 
 
-def test_fall_ratio_is_largest_over_smallest_with_an_interval_and_fractions(tmp_path):
-    for batch, step_s in ((1, 0.001), (10, 0.004), (100, 0.02)):
-        fake_run(tmp_path, "fall", RunSpec("ps", "logreg-digits", workers=2, batch_size=batch), step_s=step_s,
-                 shards=True, parts={"compute_s": 0.2, "emulated_s": 0.7, "comm_s": 0.1})
+def test_fall_ratio_is_largest_over_smallest_paired_by_seed_with_an_interval_and_fractions(tmp_path):
+    for seed in range(3):
+        for batch, step_s in ((1, 0.001), (10, 0.004), (100, 0.02 * (1 + 0.02 * seed))):
+            fake_run(tmp_path, "fall", RunSpec("ps", "logreg-digits", workers=2, batch_size=batch, seed=seed),
+                     step_s=step_s, shards=True, parts={"compute_s": 0.2, "emulated_s": 0.7, "comm_s": 0.1})
     fake_run(tmp_path, "fall", RunSpec("ddp", "logreg-digits", workers=2, batch_size=1), step_s=0.003, shards=True)
     res = load_suite(tmp_path / "fall")
     falls = batch_fall_ratios(res)
     assert list(falls["system"]) == ["ps"]  # ddp has one batch size: no ratio
     row = falls.iloc[0]
-    assert row["fall_ratio"] == pytest.approx(20.0, rel=1e-6)
-    assert row["lo"] <= 20.0 <= row["hi"] and row["lo"] > 19 and row["hi"] < 21  # workers differ by 2 %
-    assert row["n"] == 2 * (24 - 3)  # both workers' step intervals after a 10 % warm-up (3 of 24 steps)
+    geometric = (20.0 * 20.4 * 20.8) ** (1 / 3)  # one ratio a seed, each run's mean over both workers
+    assert row["fall_ratio"] == pytest.approx(geometric, rel=1e-3)
+    assert row["lo"] < row["fall_ratio"] < row["hi"] and row["lo"] > 19 and row["hi"] < 22
+    assert row["n"] == 3  # seeds, not step intervals
     assert row["largest_batch"] == 100 and row["smallest_batch"] == 1
     assert row["largest_fraction"] == pytest.approx(200 / 300) and row["smallest_fraction"] == pytest.approx(2 / 300)
     assert row["largest_emulated_s"] == pytest.approx(0.7 * 0.02, rel=0.05)  # the breakdown at both ends
     assert row["smallest_comm_s"] == pytest.approx(0.1 * 0.001, rel=0.05)
     assert batch_fractions(res).max() <= 1.0
+
+
+def test_one_seed_a_side_has_no_interval(tmp_path):
+    for batch, step_s in ((1, 0.001), (100, 0.02)):
+        fake_run(tmp_path, "fall", RunSpec("ps", "logreg-digits", workers=2, batch_size=batch), step_s=step_s,
+                 shards=True)
+    row = batch_fall_ratios(load_suite(tmp_path / "fall")).iloc[0]
+    assert row["n"] == 1 and row["fall_ratio"] == pytest.approx(20.0, rel=1e-6) and row["lo"] != row["lo"]

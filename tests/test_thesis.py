@@ -112,20 +112,57 @@ def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_ou
     assert finding.verdict == thesis.INCONCLUSIVE and "never acted" in finding.ours
 
 
-def _sweep_suite(root: Path, ps_fall: float, spark_fall: float) -> Path:
+def _sweep_suite(root: Path, ps_cost, spark_cost, emulate: str | None = None, seed_noise: float = 0.01,
+                 suite: str = "sweep") -> Path:
+    """ps and Spark's native trainer, 3 seeds at batch 1, 10 and 100 (150 rows per core): each
+    run's step time from its cost line (seconds for a batch)."""
     for seed in range(3):
-        for system, fall in (("ps", ps_fall), ("spark-mllib", spark_fall)):
-            for batch, step_s in ((16, 0.002), (16384, 0.002 * fall)):
-                spec = RunSpec(system, "logreg-higgs-synthetic", workers=2, seed=seed, batch_size=batch)
-                fake_run(root, "sweep", spec, step_s=step_s * (1 + 0.01 * seed))
-    return root / "sweep"
+        for system, cost in (("ps", ps_cost), ("spark-mllib-native", spark_cost)):
+            for batch in (1, 10, 100):
+                spec = RunSpec(system, "logreg-digits", workers=2, seed=seed, batch_size=batch, emulate_device=emulate)
+                fake_run(root, suite, spec, step_s=cost(batch) * (1 + seed_noise * seed), shards=True)
+    return root / suite
 
 
 def test_kassela_verdict_follows_the_records(tmp_path):
-    shape = thesis.findings(load_suite(_sweep_suite(tmp_path / "a", ps_fall=14, spark_fall=1.2)))
-    assert [f.verdict for f in shape] == [thesis.REPRODUCED]
-    flat = thesis.findings(load_suite(_sweep_suite(tmp_path / "b", ps_fall=2, spark_fall=1.2)))
-    assert [f.verdict for f in flat] == [thesis.NOT_REPRODUCED]
+    (shape,) = thesis.findings(load_suite(_sweep_suite(tmp_path / "a", lambda b: 1e-4 + 2e-4 * b,
+                                                       lambda b: 0.1 + 1e-5 * b)))
+    assert shape.verdict == thesis.REPRODUCED and "measured" in shape.ours and "terms: ps fixed" in shape.ours
+    (flat,) = thesis.findings(load_suite(_sweep_suite(tmp_path / "b", lambda b: 0.002 + 1e-6 * b,
+                                                      lambda b: 0.1 + 1e-2 * b)))
+    assert flat.verdict == thesis.NOT_REPRODUCED  # the PS does not fall, Spark does, here and at the paper's sizes
+
+
+def test_kassela_verdict_by_the_validated_model_at_the_papers_data_per_core(tmp_path):
+    """Measured, the PS falls 5.7x (< 10x): not shown at 150 rows per core. The exact linear costs
+    put it at ~95x and Spark at ~1.38x at the 141-VM setup's 39k rows per core: reproduced there,
+    once a second suite (kassela-10m) confirms the model within 15%; not when it misses by 50%.
+    (Exact costs: with 1 % noise a 0.1 ms per-example part under a 100 ms fixed cost is not
+    determined, and the predicted Spark fall's interval spans 0.14-7.6x: not shown.)"""
+    def ps(b):
+        return 0.001 + 5e-5 * b
+
+    def spark(b):
+        return 0.1 + 1e-6 * b
+
+    root = tmp_path / "a"
+    main_suite = _sweep_suite(root, ps, spark, seed_noise=0.0, suite="kassela")
+    (unchecked,) = thesis.findings(load_suite(main_suite))
+    assert unchecked.verdict == thesis.NOT_REPRODUCED and "not checked at a second data size" in unchecked.ours
+    _sweep_suite(root, ps, spark, seed_noise=0.0, suite="kassela-10m")
+    (found,) = thesis.findings(load_suite(main_suite))
+    assert found.verdict == thesis.REPRODUCED and "ps 5.7" in found.ours and "model at 39,007 rows" in found.ours
+    missed = tmp_path / "b"
+    _sweep_suite(missed, ps, spark, seed_noise=0.0, suite="kassela")
+    _sweep_suite(missed, lambda b: 1.5 * ps(b), spark, seed_noise=0.0, suite="kassela-10m")
+    (off,) = thesis.findings(load_suite(missed / "kassela"))
+    assert off.verdict == thesis.NOT_REPRODUCED
+
+
+def test_kassela_on_an_emulated_device_is_inconclusive_by_construction(tmp_path):
+    (found,) = thesis.findings(load_suite(_sweep_suite(tmp_path / "a", lambda b: 1e-4 + 2e-4 * b,
+                                                       lambda b: 0.1 + 1e-5 * b, emulate="step_ms=1")))
+    assert found.verdict == thesis.INCONCLUSIVE and "device profile" in found.ours
 
 
 def test_thesis_command_gathers_the_suites(tmp_path, capsys):

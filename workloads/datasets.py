@@ -178,23 +178,36 @@ def load_higgs_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
 
 
 HIGGS_1M_ROWS = 1_000_000
+HIGGS_10M_ROWS = 10_000_000
+
+
+def higgs_shaped(rows: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """`rows` HIGGS-shaped rows (28 standardised features, 2 classes), generated once and cached,
+    since every worker process loads them."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        from sklearn.datasets import make_classification
+
+        x, y = make_classification(n_samples=rows, n_features=28, n_informative=14, n_redundant=7,
+                                   n_classes=2, n_clusters_per_class=2, class_sep=1.0, random_state=0)
+        return _standardise(x.astype(np.float32)).astype(np.float32), y.astype(np.int64)
+
+    name = f"higgs-{rows // 1_000_000}m"
+    return cached_arrays(name, {"rows": rows, "random_state": 0}, ("scikit-learn", "numpy"), make)
 
 
 def load_higgs_1m(seed: int, data_dir: Path | None = None) -> Dataset:
     """HIGGS-shaped (28 features, 2 classes) at HIGGS' own order of size, 1 M rows (800k train):
     large enough that a mini-batch can range from 100 % of the data down to 0.01 % (80 examples),
-    as Kassela et al. (2019) varied MLlib's miniBatchFraction. Generated once (~10 s) and cached,
-    since every worker process loads it."""
-    def make() -> tuple[np.ndarray, np.ndarray]:
-        from sklearn.datasets import make_classification
-
-        x, y = make_classification(n_samples=HIGGS_1M_ROWS, n_features=28, n_informative=14, n_redundant=7,
-                                   n_classes=2, n_clusters_per_class=2, class_sep=1.0, random_state=0)
-        return _standardise(x.astype(np.float32)).astype(np.float32), y.astype(np.int64)
-
-    x, y, fingerprint = cached_arrays("higgs-1m", {"rows": HIGGS_1M_ROWS, "random_state": 0},
-                                      ("scikit-learn", "numpy"), make)
+    as Kassela et al. (2019) varied MLlib's miniBatchFraction (~10 s to generate)."""
+    x, y, fingerprint = higgs_shaped(HIGGS_1M_ROWS)
     return _split("higgs-1m", x, y, 2, seed, fingerprint=fingerprint)
+
+
+def load_higgs_10m(seed: int, data_dir: Path | None = None) -> Dataset:
+    """10 M HIGGS-shaped rows (8 M train; HIGGS itself has 11 M): the Kassela cost model's second
+    data size (bench/experiments/extra/kassela_10m.toml; ~2 min and 1.1 GB to generate)."""
+    x, y, fingerprint = higgs_shaped(HIGGS_10M_ROWS)
+    return _split("higgs-10m", x, y, 2, seed, fingerprint=fingerprint)
 
 
 def load_skewed_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
@@ -306,6 +319,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "mnist1d-20k": functools.partial(load_mnist1d, n_samples=20000),
     "higgs-synthetic": load_higgs_synthetic,
     "higgs-1m": load_higgs_1m,
+    "higgs-10m": load_higgs_10m,
     "skewed-synthetic": load_skewed_synthetic,
     "cifar-synthetic": load_cifar_synthetic,
     "mnist": load_mnist_idx,

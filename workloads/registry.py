@@ -59,6 +59,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     # Kassela et al. (2019) at size: plain SGD (MLlib's GradientDescent has no momentum)
     Workload("logreg-higgs-1m", "higgs-1m", "logreg", OptimizerSettings(0.5, 0.0), 400, 1, 0.70,
              description="logistic regression on 1 M HIGGS-shaped rows (mini-batch 100 %..0.01 %: Kassela 2019)"),
+    Workload("logreg-higgs-10m", "higgs-10m", "logreg", OptimizerSettings(0.5, 0.0), 4000, 1, 0.70,
+             description="logistic regression on 10 M HIGGS-shaped rows (the Kassela cost model's second size)"),
     Workload("mlp-higgs-1m", "higgs-1m", "mlp", OptimizerSettings(0.5, 0.0), 400, 1, 0.70,
              model_options={"hidden": (15, 15), "activation": "sigmoid"},
              description="the thesis' 28-15-15-2 sigmoid MLP on 1 M HIGGS-shaped rows (Kassela 2019)"),

@@ -212,6 +212,8 @@ def variant_labels(runs: pd.DataFrame) -> pd.Series:
             value = row[col]
             if value is None or (isinstance(value, float) and pd.isna(value)):
                 continue
+            if isinstance(value, float) and value.is_integer():  # a column with other systems' blanks is float
+                value = int(value)
             parts.append(str(value) if isinstance(value, str) else f"{col[4:]}={value}")
         return f"{row['system']} ({', '.join(parts)})" if parts else str(row["system"])
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
-from psbench.bench.report import measures, switching, variance_power
+from psbench.bench.report import cost_model, measures, switching, variance_power
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
@@ -660,6 +660,25 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           measures.FALL_RULE.capitalize() + ". Fractions: the global mini-batch over the training rows. Target "
           "(the thesis): the PS's time falls >= 10x over the range, Spark MLlib's <= 1.5x; the parts at both "
           "ends (ms per step, median) say why a time does or does not fall.")
+    fits = cost_model.fit_costs(res) if res.suite.startswith("kassela") else []
+    table("Per-mini-batch cost model", cost_model.terms_table(fits),
+          cost_model.MODEL_RULE.capitalize() + ". 'largest fit error': the fit against the mean of the runs at "
+          f"each measured batch size; the model projects only where it is within {cost_model.VALIDATION_TOLERANCE:.0%}"
+          " at every measured size.")
+    table("Fixed cost per mini-batch against the PS's", cost_model.fixed_ratios_table(fits),
+          "What a mini-batch costs before any example is processed (scheduling, broadcast, aggregation, the "
+          "driver's update for Spark; a round trip to the server for the PS), as a ratio, with its interval.")
+    check = cost_model.size_check(fits, cost_model.check_suite(res)) if fits else pd.DataFrame()
+    table("The model at another data size", check,
+          f"The fits above predict the runs of suite '{cost_model.CHECK_SUITES.get(res.suite, '')}' (another data "
+          f"size, same systems) from their rows per core and fraction; the model projects only where every batch "
+          f"there is met within {cost_model.VALIDATION_TOLERANCE:.0%}.")
+    table("Predicted falls at other data sizes",
+          cost_model.predicted_falls_table(cost_model.predicted_falls(fits, cost_model.checked_labels(check))),
+          "The fall (100 % ÷ the smallest fraction) the model predicts at the data per core of each setup; the "
+          "paper's setups are stated assumptions (bench/report/cost_model.py PAPER_SETUPS); the paper's "
+          "smallest fraction was 1 % (100 mini-batches). The PS's prediction is per worker, without the load of "
+          "141 workers on one server (the scale model's part).")
     table("Parameter servers: ours vs peers", peers_table(res),
           "`ps` beside `ray-ps` (Ray actors as shards and workers, Ray's parameter-server example) and `rpc-ps` "
           "(torch.distributed.rpc, PyTorch's parameter-server tutorials), run alike: same workload, data shards, "

@@ -25,6 +25,9 @@ WARMUP_RULE = (f"each worker's first {WARMUP_FRACTION:.0%} of its steps (at leas
 MIN_STEPS_PER_WORKER = 200
 MIN_TRAIN_S = 5.0
 SHORT_RULE = f"fewer than {MIN_STEPS_PER_WORKER} steps per worker or under {MIN_TRAIN_S:g} s of training"
+# Per-iteration sweeps measure the time of one mini-batch, each iteration a sample: they state their
+# own minimum, in iterations (the reason is in the suite's experiment file), and no seconds minimum.
+SUITE_MIN_STEPS = {"kassela": 34, "kassela-10m": 34}
 
 # A process tree cannot use more CPU than the cores, so a demand beyond them shows as the cores all
 # busy: a run that kept this share of them busy had no spare core (others' load came on top). And a
@@ -78,12 +81,13 @@ def steady_window(steps: pd.DataFrame) -> tuple[float, float, int] | None:
     return start, end, int(inside["n_samples"].sum())
 
 
-def too_short(steps_per_worker: float, train_s: float) -> str:
+def too_short(steps_per_worker: float, train_s: float, suite: str = "") -> str:
     """Why a run is too short to compare ('' when it is long enough)."""
     reasons = []
-    if not steps_per_worker >= MIN_STEPS_PER_WORKER:
-        reasons.append(f"{steps_per_worker:.0f} steps/worker < {MIN_STEPS_PER_WORKER}")
-    if not train_s >= MIN_TRAIN_S:
+    min_steps = SUITE_MIN_STEPS.get(suite, MIN_STEPS_PER_WORKER)
+    if not steps_per_worker >= min_steps:
+        reasons.append(f"{steps_per_worker:.0f} steps/worker < {min_steps}")
+    if suite not in SUITE_MIN_STEPS and not train_s >= MIN_TRAIN_S:
         reasons.append(f"{train_s:.2g} s < {MIN_TRAIN_S:g} s")
     return "; ".join(reasons)
 
@@ -118,7 +122,7 @@ def annotate(res: SuiteResults) -> SuiteResults:
     runs["steady_samples_per_s"] = runs["run_id"].map(steady).astype(float)
     runs["steps_per_worker"] = runs["run_id"].map(per_worker).fillna(0.0).astype(float)
     train_s = pd.to_numeric(runs["train_s"], errors="coerce").fillna(0.0)
-    runs["too_short"] = [too_short(s, t) for s, t in zip(runs["steps_per_worker"], train_s)]
+    runs["too_short"] = [too_short(s, t, res.suite) for s, t in zip(runs["steps_per_worker"], train_s)]
     runs["cpu_flag"] = [cpu_flag(c, p, u) for c, p, u in zip(runs["cores"], runs["cpu_demand"], runs["cpu_measured"])]
     switches = res.events[res.events["kind"] == "switch"]
     runs["switch_t_wall"] = runs["run_id"].map(switches.groupby("run_id")["t_wall"].min()).astype(float)
@@ -169,21 +173,32 @@ def batch_fractions(res: SuiteResults) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
-FALL_RULE = ("fall ratio = mean time per mini-batch (a worker's step interval after warm-up) at the largest "
-             "batch ÷ at the smallest, per system and workload; 95% bootstrap interval resampling the two runs' "
-             "step intervals independently; n = the smaller number of intervals")
+FALL_RULE = ("fall ratio = a run's mean time per mini-batch (its step intervals after the warm-up cut) at the "
+             "largest batch ÷ at the smallest, paired by seed; the geometric mean over seeds with a 95% t interval "
+             "on the log scale (n = seeds with both ends)")
+
+
+def run_step_means(res: SuiteResults) -> pd.Series:
+    """Each run's mean step interval after the warm-up cut (s), by run_id."""
+    out = {}
+    for run_id, steps in res.steps.groupby("run_id"):
+        gaps = step_intervals(steps)
+        gaps = gaps[gaps.index.isin(steps.index[warmup_mask(steps)])]
+        out[run_id] = float(gaps.mean()) if len(gaps) else math.nan
+    return pd.Series(out, dtype=float)
 
 
 def batch_fall_ratios(res: SuiteResults) -> pd.DataFrame:
     """Per system (label), workload and worker count with >= 2 batch sizes: the mini-batch fractions
     at both ends, the mean per-mini-batch time there, the fall ratio largest ÷ smallest with its
     interval and n (FALL_RULE), and the median compute / emulated / comm / wait seconds per step at
-    both ends (why a time does or does not fall). One seed per batch size is pooled over seeds."""
-    from psbench.bench.report.stats import ratio_ci
+    both ends (why a time does or does not fall)."""
+    from psbench.bench.report.stats import paired_log_ratio_t
 
     if res.runs.empty or res.steps.empty:
         return pd.DataFrame()
     fractions = batch_fractions(res)
+    means = run_step_means(res)
     by_run = dict(tuple(res.steps.groupby("run_id")))
     rows = []
     for (label, workload, workers), group in res.runs.groupby(["label", "workload", "workers"], sort=True):
@@ -192,20 +207,24 @@ def batch_fall_ratios(res: SuiteResults) -> pd.DataFrame:
             continue
         ends = {"largest": group["batch_size"].max(), "smallest": group["batch_size"].min()}
         row: dict[str, Any] = {"system": label, "workload": workload, "workers": int(workers)}
-        gaps = {}
+        per_seed = {}
         for end, batch in ends.items():
-            ids = group.loc[group["batch_size"] == batch, "run_id"]
+            runs = group[group["batch_size"] == batch]
+            ids = runs["run_id"]
             steps = pd.concat([by_run[i] for i in ids])
-            gaps[end] = pd.concat([step_intervals(by_run[i]) for i in ids]).to_numpy()
+            per_seed[end] = pd.Series(means.reindex(ids).to_numpy(), index=runs["seed"].to_numpy())
             row[f"{end}_batch"] = int(batch)
             row[f"{end}_fraction"] = float(fractions.reindex(ids).median())
-            row[f"{end}_step_s"] = float(np.mean(gaps[end])) if len(gaps[end]) else math.nan
+            row[f"{end}_step_s"] = float(per_seed[end].mean())
             kept = steps[pd.concat([warmup_mask(by_run[i]) for i in ids])]
             for col in STEP_TIME_COLUMNS:
                 values = kept[col].dropna()
                 row[f"{end}_{col}"] = float(values.median()) if len(values) else math.nan
-        interval = ratio_ci(gaps["largest"], gaps["smallest"])
-        row.update(fall_ratio=interval.estimate, lo=interval.lo, hi=interval.hi, n=interval.n)
+        seeds = per_seed["largest"].index.intersection(per_seed["smallest"].index)
+        large = per_seed["largest"].groupby(level=0).mean().reindex(seeds)
+        small = per_seed["smallest"].groupby(level=0).mean().reindex(seeds)
+        t = paired_log_ratio_t(large.to_numpy(), small.to_numpy())
+        row.update(fall_ratio=t.estimate, lo=t.lo, hi=t.hi, n=t.n)
         rows.append(row)
     return pd.DataFrame(rows)
 

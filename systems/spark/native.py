@@ -307,7 +307,7 @@ class SparkNativeSystem(SparkSystem):
                              "(LogisticRegressionWithSGD's optimizer)",
                    "mlp": "pyspark.ml MultilayerPerceptronClassifier(solver='gd')",
                    "api": "pyspark.mllib.classification.LogisticRegressionWithSGD.train"}["api" if api else kind]
-        recorder.extra.update(native_trainer=trainer, mini_batch_fraction=fraction, partitions=n_parts,
+        recorder.extra.update(native_trainer=trainer, mini_batch_fraction=fraction, train_rows=n_train, partitions=n_parts,
                               partitions_per_core=options.partitions_per_core,
                               task_partition_bytes=task_partition_bytes(sc, data if kind == "logreg" and not api
                                                                         else data._jdf.rdd()),
