@@ -20,7 +20,7 @@ import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
-from psbench.bench.report import cost_model, measures, switching, variance_power
+from psbench.bench.report import cost_model, measures, switching, throughput_gap, variance_power
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
@@ -679,6 +679,9 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           "paper's setups are stated assumptions (bench/report/cost_model.py PAPER_SETUPS); the paper's "
           "smallest fraction was 1 % (100 mini-batches). The PS's prediction is per worker, without the load of "
           "141 workers on one server (the scale model's part).")
+    table("Specialised ÷ general-purpose throughput", throughput_gap.gap_table(throughput_gap.gaps(res)),
+          throughput_gap.GAP_RULE.capitalize() + ". Specialised: " + ", ".join(throughput_gap.SPECIALISED) +
+          "; general-purpose: " + ", ".join(throughput_gap.GENERAL_PURPOSE) + ".")
     table("Parameter servers: ours vs peers", peers_table(res),
           "`ps` beside `ray-ps` (Ray actors as shards and workers, Ray's parameter-server example) and `rpc-ps` "
           "(torch.distributed.rpc, PyTorch's parameter-server tutorials), run alike: same workload, data shards, "

@@ -27,7 +27,7 @@ MIN_TRAIN_S = 5.0
 SHORT_RULE = f"fewer than {MIN_STEPS_PER_WORKER} steps per worker or under {MIN_TRAIN_S:g} s of training"
 # Per-iteration sweeps measure the time of one mini-batch, each iteration a sample: they state their
 # own minimum, in iterations (the reason is in the suite's experiment file), and no seconds minimum.
-SUITE_MIN_STEPS = {"kassela": 34, "kassela-10m": 34}
+SUITE_MIN_STEPS = {"kassela": 34, "kassela-10m": 34, "throughput": 60}
 
 # A process tree cannot use more CPU than the cores, so a demand beyond them shows as the cores all
 # busy: a run that kept this share of them busy had no spare core (others' load came on top). And a
