@@ -57,3 +57,26 @@ def test_fixed_ratio_and_predicted_falls_tables(tmp_path):
     per_core = 11_000_000 / 282
     want = (0.1 + 2e-5 * per_core) / (0.1 + 2e-5 * per_core * 0.01)
     assert spark_paper["fall to 1 %"].iloc[0].estimate == pytest.approx(want, rel=0.03)
+
+
+def test_the_check_at_another_size_matches_variants_by_their_options(tmp_path):
+    """The second suite's native runs set no partitions_per_core (default 1): they check the
+    1-per-core fit only, and an error beyond the tolerance there withholds validation."""
+    for per_core, fixed in ((1, 0.05), (2, 0.06)):
+        for seed in range(3):
+            for batch in (1, 10, 100):
+                spec = RunSpec("spark-mllib-native", "logreg-digits", workers=2, seed=seed, batch_size=batch,
+                               options={"partitions_per_core": per_core})
+                fake_run(tmp_path, "kassela", spec, step_s=(fixed + 1e-4 * batch) * (1 + 0.01 * seed), shards=True)
+    for seed in range(2):
+        for batch, step_s in ((1, 0.05 * 1.3), (100, 0.06)):  # the small batch 30% off the 1 M line
+            spec = RunSpec("spark-mllib-native", "logreg-digits", workers=2, seed=seed, batch_size=batch,
+                           options={"spark_conf": "spark.driver.memory=10g"})
+            fake_run(tmp_path, "kassela-10m", spec, step_s=step_s, shards=True)
+    res = load_suite(tmp_path / "kassela")
+    fits = cost_model.fit_costs(res)
+    check = cost_model.size_check(fits, cost_model.check_suite(res))
+    assert set(check["system"]) == {"spark-mllib-native (partitions_per_core=1)"} and len(check) == 2
+    assert cost_model.checked_labels(check) == {"spark-mllib-native (partitions_per_core=1)": False}
+    falls = cost_model.predicted_falls_table(cost_model.predicted_falls(fits, cost_model.checked_labels(check)))
+    assert set(falls["validated"]) == {"no (the other data size missed by > 15%)", "no (not checked at another data size)"}

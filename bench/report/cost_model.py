@@ -66,6 +66,8 @@ class CostFit:
     scan_cov: np.ndarray | None = None
     scan_df: int = 0
     points: pd.DataFrame = field(default_factory=pd.DataFrame)  # per batch size: measured mean, fitted, rel. error
+    system: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # the options its runs set (what the label encodes)
 
     def term(self, which: int, coef: np.ndarray | None = None, cov: np.ndarray | None = None,
              df: int | None = None) -> Interval:
@@ -181,7 +183,10 @@ def run_points(res: SuiteResults) -> pd.DataFrame:
             rows_per_core = float(run.batch_size)  # 100 % of the shard: the shard is the batch
         per_core = float(extra.get("partitions_per_core") or 1)
         task = kept["compute_s"].mean() * per_core if run.system == "spark-mllib-native" else math.nan
-        rows.append({"run_id": run.run_id, "label": run.label, "system": run.system, "workload": run.workload,
+        options = {col[4:]: value for col, value in run._asdict().items()
+                   if col.startswith("opt_") and not (isinstance(value, float) and math.isnan(value)) and value is not None}
+        rows.append({"run_id": run.run_id, "label": run.label, "system": run.system, "options": options,
+                     "workload": run.workload,
                      "workers": workers, "seed": int(run.seed), "batch_size": int(run.batch_size),
                      "fraction": fraction, "examples": examples, "rows_per_core": rows_per_core,
                      "step_s": float(means[run.run_id]), "task_s": float(task)})
@@ -204,7 +209,8 @@ def fit_costs(res: SuiteResults) -> list[CostFit]:
             continue
         x, y = group["examples"].to_numpy(float), group["step_s"].to_numpy(float)
         coef, cov, df = _wls(x, y, _relative_weights(group, "step_s"))
-        fit = CostFit(label, workload, int(workers), float(group["rows_per_core"].median()), len(group), coef, cov, df)
+        fit = CostFit(label, workload, int(workers), float(group["rows_per_core"].median()), len(group), coef, cov, df,
+                      system=str(group["system"].iloc[0]), options=dict(group["options"].iloc[0]))
         tasks = group["task_s"].to_numpy(float)
         if np.isfinite(tasks).all():
             fit.scan_coef, fit.scan_cov, fit.scan_df = _wls(x, tasks, _relative_weights(group, "task_s"))
@@ -315,7 +321,7 @@ def size_check(fits: list[CostFit], other: SuiteResults | None) -> pd.DataFrame:
     points = run_points(other)
     rows = []
     for f in fits:
-        same = points[(points["label"] == f.label) & (points["workers"] == f.workers)] if len(points) else points
+        same = points[[_same_variant(f, p) for p in points.itertuples()]] if len(points) else points
         for batch, group in (same.groupby("batch_size") if len(same) else ()):
             per_core = float(group["rows_per_core"].median())
             fraction = float(group["examples"].mean()) / per_core
@@ -328,9 +334,33 @@ def size_check(fits: list[CostFit], other: SuiteResults | None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _same_variant(fit: CostFit, point: Any) -> bool:
+    """A run of the fit's system and workers whose options (defaults filled in) hold every option
+    value the fit's runs set: e.g. a 10 M run that sets only spark_conf is the 1 M fit's
+    'partitions_per_core=1, gd' variant."""
+    from dataclasses import asdict
+
+    from psbench.systems import get_system
+    from psbench.systems.base import parse_options
+
+    if point.system != fit.system or point.workers != fit.workers:
+        return False
+    options = asdict(parse_options(get_system(point.system).Options, dict(point.options), point.system))
+    return all(options.get(key) == value for key, value in fit.options.items() if key != "spark_conf")
+
+
 def checked_labels(check: pd.DataFrame) -> dict[str, bool]:
     """Per system: whether the other size's every batch is predicted within VALIDATION_TOLERANCE."""
     if check.empty:
         return {}
     return {label: bool((group["error"].abs() <= VALIDATION_TOLERANCE).all())
             for label, group in check.groupby("system")}
+
+
+def size_check_table(check: pd.DataFrame) -> pd.DataFrame:
+    if check.empty:
+        return check
+    out = check.copy()
+    out["rows per core"] = out["rows per core"].map(lambda r: f"{r:,.0f}")
+    out["error"] = out["error"].map(lambda e: f"{e:+.1%}")
+    return out.round({"measured ms": 3, "predicted ms": 3})

@@ -669,7 +669,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           "What a mini-batch costs before any example is processed (scheduling, broadcast, aggregation, the "
           "driver's update for Spark; a round trip to the server for the PS), as a ratio, with its interval.")
     check = cost_model.size_check(fits, cost_model.check_suite(res)) if fits else pd.DataFrame()
-    table("The model at another data size", check,
+    table("The model at another data size", cost_model.size_check_table(check),
           f"The fits above predict the runs of suite '{cost_model.CHECK_SUITES.get(res.suite, '')}' (another data "
           f"size, same systems) from their rows per core and fraction; the model projects only where every batch "
           f"there is met within {cost_model.VALIDATION_TOLERANCE:.0%}.")
@@ -679,7 +679,8 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           "paper's setups are stated assumptions (bench/report/cost_model.py PAPER_SETUPS); the paper's "
           "smallest fraction was 1 % (100 mini-batches). The PS's prediction is per worker, without the load of "
           "141 workers on one server (the scale model's part).")
-    table("Specialised ÷ general-purpose throughput", throughput_gap.gap_table(throughput_gap.gaps(res)),
+    scaling = [g for found in throughput_gap.scaling_gaps(res).values() for g in found]
+    table("Specialised ÷ general-purpose throughput", throughput_gap.gap_table(scaling),
           throughput_gap.GAP_RULE.capitalize() + ". Specialised: " + ", ".join(throughput_gap.SPECIALISED) +
           "; general-purpose: " + ", ".join(throughput_gap.GENERAL_PURPOSE) + ".")
     table("Parameter servers: ours vs peers", peers_table(res),

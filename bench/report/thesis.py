@@ -179,12 +179,8 @@ def kassela(res: SuiteResults) -> Finding | None:
 def throughput(res: SuiteResults) -> Finding | None:
     from psbench.bench.report import throughput_gap
 
-    found = throughput_gap.gaps(res)
     parts, holds, fails = [], [], []
-    for workload in sorted({g.workload for g in found}):
-        mine = [g for g in found if g.workload == workload]
-        if len({g.workers for g in mine}) < 2 or len(mine) != len({g.workers for g in mine}):
-            continue  # one worker count (or a batch sweep, as kassela's): not a scaling comparison
+    for workload, mine in throughput_gap.scaling_gaps(res).items():
         parts.append(f"{workload}: " + ", ".join(f"{g.workers} workers {_fmt_ci(g.ratio)} ({g.specialised} ÷ "
                                                  f"{g.general})" for g in mine))
         holds.append(throughput_gap.holds(mine))

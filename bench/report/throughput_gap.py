@@ -61,6 +61,19 @@ def gaps(res: SuiteResults) -> list[Gap]:
     return found
 
 
+def scaling_gaps(res: SuiteResults) -> dict[str, list[Gap]]:
+    """Per workload, its gaps where they form a scaling comparison: >= 2 worker counts, one batch
+    size a worker count (a batch sweep at one worker count, as kassela's, is not one)."""
+    found = gaps(res)
+    out = {}
+    for workload in sorted({g.workload for g in found}):
+        mine = [g for g in found if g.workload == workload]
+        counts = {g.workers for g in mine}
+        if len(counts) >= 2 and len(mine) == len(counts):
+            out[workload] = mine
+    return out
+
+
 def gap_table(found: list[Gap]) -> pd.DataFrame:
     def ci(iv: Interval) -> str:
         if math.isnan(iv.lo):
