@@ -80,3 +80,29 @@ def test_the_check_at_another_size_matches_variants_by_their_options(tmp_path):
     assert cost_model.checked_labels(check) == {"spark-mllib-native (partitions_per_core=1)": False}
     falls = cost_model.predicted_falls_table(cost_model.predicted_falls(fits, cost_model.checked_labels(check)))
     assert set(falls["validated"]) == {"no (the other data size missed by > 15%)", "no (not checked at another data size)"}
+
+
+def test_the_report_writes_the_fits_and_simulate_takes_sparks_job_cost_from_them(tmp_path):
+    import json
+
+    from psbench.bench.report.document import build_report
+    from psbench.bench.sim.command import spark_cost_from_fit
+    from psbench.bench.sim.simulate import PRESETS
+    from psbench.core.errors import ConfigError
+
+    _suite(tmp_path, lambda b: 0.001 + 2e-5 * b)
+    _suite(tmp_path, lambda b: 0.3 + 2e-5 * b, system="spark-mllib")
+    build_report(tmp_path / "kassela")
+    saved = tmp_path / "kassela" / cost_model.COST_FILE
+    fits = {f["label"]: f for f in json.loads(saved.read_text())["fits"]}
+    assert fits["spark-mllib"]["fixed"]["s"] == pytest.approx(0.3 * 1.01, rel=0.02)
+    assert load_suite(tmp_path / "kassela").runs["system"].nunique() == 2  # the file is a report output
+    base = PRESETS["horovod-paper"]
+    cal = spark_cost_from_fit(base, saved)
+    assert cal.spark_job_overhead_s == pytest.approx(fits["spark-mllib"]["fixed"]["s"] - 2 * base.spark_task_overhead_s)
+    assert "from the kassela fit" in cal.source
+    with pytest.raises(ConfigError, match="does not exist"):
+        spark_cost_from_fit(base, tmp_path / "none.json")
+    saved.write_text(json.dumps({"fits": [fits["ps"]]}))
+    with pytest.raises(ConfigError, match="no spark-mllib fit"):
+        spark_cost_from_fit(base, saved)

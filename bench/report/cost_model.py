@@ -364,3 +364,20 @@ def size_check_table(check: pd.DataFrame) -> pd.DataFrame:
     out["rows per core"] = out["rows per core"].map(lambda r: f"{r:,.0f}")
     out["error"] = out["error"].map(lambda e: f"{e:+.1%}")
     return out.round({"measured ms": 3, "predicted ms": 3})
+
+
+COST_FILE = "cost_model.json"  # the fits, for `psbench simulate --spark-from` (the scale model's Spark costs)
+
+
+def to_json(fits: list[CostFit], suite: str) -> str:
+    """The fitted terms with their intervals, one record per system variant."""
+    import json
+
+    def term(iv: Interval | None) -> dict[str, float] | None:
+        return None if iv is None else {"s": iv.estimate, "lo": iv.lo, "hi": iv.hi}
+
+    return json.dumps({"suite": suite, "rule": MODEL_RULE, "fits": [
+        {"label": f.label, "system": f.system, "options": f.options, "workload": f.workload, "workers": f.workers,
+         "runs": f.n, "rows_per_core": f.rows_per_core, "fixed": term(f.fixed), "per_example": term(f.per_example),
+         "scan_per_row": term(f.scan_per_row), "largest_fit_error": f.max_abs_error} for f in fits]},
+        indent=1, default=str)

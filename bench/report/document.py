@@ -94,6 +94,9 @@ def build_report(suite_dir: Path | str) -> Report:
     md_path, html_path = res.path / "report.md", res.path / "report.html"
     atomic_write_text(md_path, render_markdown(res, blocks))
     atomic_write_text(html_path, render_html(res, blocks))
+    fits = cost_model.fit_costs(res) if res.suite.startswith("kassela") else []
+    if fits:
+        atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite))
     return Report(res.path, md_path, html_path, plots)
 
 

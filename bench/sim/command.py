@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rtt-us", type=float, help="override the round-trip time (microseconds)")
     p.add_argument("--spark-job-ms", type=float, help="override Spark's per-job overhead (ms)")
     p.add_argument("--measure-spark", action="store_true", help="with --calibrate: also time Spark jobs (slow)")
+    p.add_argument("--spark-from", type=Path, metavar="JSON",
+                   help="Spark's job cost from the kassela suite's fit (results/kassela/cost_model.json): "
+                        "spark-mllib's fixed cost per mini-batch, less its tasks' assumed launch cost")
     p.add_argument("--validate", action="store_true",
                    help="with --calibrate: also run ps (bsp, asp) and ddp at 1-4 workers here, interleaved with the "
                         "calibration runs, and report the model's error against them (bench/sim/validate.py)")
@@ -37,6 +40,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--netlab", type=Path, metavar="CSV",
                    help="also validate against the bandwidth experiment's table (results/netlab/bandwidth.csv)")
     p.add_argument("--out", type=Path, default=Path("results/simulate"), help="output folder")
+
+
+def spark_cost_from_fit(cal: Any, path: Path) -> Any:
+    """The calibration with Spark's job overhead from a Kassela fit (written by `psbench report`):
+    the job-per-mini-batch path's (spark-mllib's) fixed cost per mini-batch is one job plus one
+    task per worker, so the job's part is that fixed cost less workers x the task cost."""
+    import json
+
+    if not path.is_file():
+        raise ConfigError(f"--spark-from: {path} does not exist (run the kassela suite and `psbench report` on it)")
+    fits = [f for f in json.loads(path.read_text()).get("fits", []) if f.get("system") == "spark-mllib"]
+    if not fits:
+        raise ConfigError(f"--spark-from: {path} holds no spark-mllib fit (the kassela suite runs it)")
+    fit = max(fits, key=lambda f: f["runs"])
+    fixed = fit["fixed"]
+    job_s = fixed["s"] - fit["workers"] * cal.spark_task_overhead_s
+    if not job_s > 0:
+        raise ConfigError(f"--spark-from: spark-mllib's fitted fixed cost {fixed['s'] * 1e3:.3g} ms leaves no job cost")
+    return replace(cal, spark_job_overhead_s=job_s,
+                   source=f"{cal.source} + Spark job {job_s * 1e3:.3g} ms from the kassela fit (spark-mllib fixed "
+                          f"{fixed['s'] * 1e3:.3g} ms [{fixed['lo'] * 1e3:.3g}, {fixed['hi'] * 1e3:.3g}], "
+                          f"{fit['runs']} runs, {fit['workers']} workers, less {fit['workers']} x the "
+                          f"{cal.spark_task_overhead_s * 1e3:.3g} ms task cost assumed; {path})")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,6 +85,8 @@ def main(args: argparse.Namespace) -> int:
         cal = calibrate(args.calibrate or "cnn-mnist1d")
         if args.measure_spark:
             cal = replace(cal, spark_job_overhead_s=measure_spark_job_overhead())
+    if args.spark_from:
+        cal = spark_cost_from_fit(cal, args.spark_from)
     overrides: dict[str, Any] = {}
     if args.bandwidth_mbit:
         overrides["bandwidth_Bps"] = args.bandwidth_mbit * 1e6 / 8
