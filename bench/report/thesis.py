@@ -156,9 +156,10 @@ def kassela(res: SuiteResults) -> Finding | None:
                          f"{max(f.estimate for f in spark_falls):.2f}x")
                 model_holds |= valid and ps_fall.lo >= PS_FALL_MIN and max(f.hi for f in spark_falls) <= SPARK_FALL_MAX
             if not valid:
+                second = cost_model.CHECK_SUITES.get(res.suite)
                 text += (f" (model not validated: a fit misses a measured size by > "
-                         f"{cost_model.VALIDATION_TOLERANCE:.0%}, or was not checked at a second data size, "
-                         f"suite {cost_model.CHECK_SUITES.get(res.suite, '')})")
+                         f"{cost_model.VALIDATION_TOLERANCE:.0%}, or was not checked at a second data size"
+                         + (f", suite {second})" if second else ": this suite has none)"))
             spark_fixed = max(spark_fits, key=lambda f: f.coef[0])
             text += (f"; terms: ps fixed {ps_fit.coef[0] * 1e3:.3g} ms + {ps_fit.coef[1] * 1e6:.3g} µs/example, "
                      f"Spark native fixed up to {spark_fixed.coef[0] * 1e3:.3g} ms + "
