@@ -23,7 +23,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
     "simulate": ("psbench.bench.sim.command", "project PS / allreduce / Spark throughput to 8..512 workers from measured costs"),
     "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
-    "thesis": ("psbench.bench.report.thesis", "the thesis' three findings beside ours, with verdicts, over the "
+    "thesis": ("psbench.bench.report.thesis", "the thesis' findings beside ours, with verdicts, over the "
                "suites of a results folder (writes RESULTS_DIR/thesis.md)"),
     "compare": ("psbench.bench.report.compare", "compare two result sets (suites, runs, results roots): ratios B/A "
                 "with bootstrap intervals, matched by run spec"),
@@ -32,6 +32,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "ps-worker": ("psbench.systems.ps.worker", "run one parameter-server worker against running shards"),
     "spark-cluster": ("psbench.bench.lab.spark_cluster", "a Spark standalone cluster (master + workers) on loopback or "
                       "namespace hosts, in the foreground until Ctrl-C"),
+    "neighbourhoods": ("psbench.workloads.neighbourhoods", "where sharding has something to balance: a data set's "
+                       "sparse neighbourhoods per k and random shards' class mix"),
     "ps-job": ("psbench.bench.lab.compose_job", "finish a PS job run elsewhere (docker compose): wait for the workers' "
                "bye, fetch, shut the servers down, write one run folder"),
 }

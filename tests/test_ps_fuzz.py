@@ -378,12 +378,23 @@ def test_after_the_fuzz_the_shard_is_alive_unchanged_and_serving(live):
 # ---- atheris (coverage-guided) on the decoder ------------------------------------------------------
 
 HARNESS = Path(__file__).with_name("atheris_decode.py")
+FUZZ_RSS_MB = 2048  # libFuzzer's default allowance for the harness's own memory
+
+
+def fuzz_rss_limit_mb() -> int:
+    """libFuzzer reads the process's peak RSS (getrusage), and Linux hands a child its parent's peak
+    at fork and keeps it across exec: a pytest process that once held 3 GB (a test that loaded a large
+    data set) would fail the harness at its first check. The allowance counts from that peak."""
+    import resource
+
+    return FUZZ_RSS_MB + resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 @pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="atheris is not installed (no wheel here)")
 def test_atheris_decode_harness():
     runs = int(os.environ.get("PSBENCH_ATHERIS_RUNS", "50000"))
-    proc = subprocess.run([sys.executable, str(HARNESS), f"-runs={runs}", "-seed=1", "-max_len=4096"],
+    proc = subprocess.run([sys.executable, str(HARNESS), f"-runs={runs}", "-seed=1", "-max_len=4096",
+                           f"-rss_limit_mb={fuzz_rss_limit_mb()}"],
                           env=child_env(), capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

@@ -51,12 +51,13 @@ def test_paired_ratio_counts_unreached_targets_as_infinitely_late():
 
 # ---- verdicts --------------------------------------------------------------------------------------
 
-def _sharding_suite(root: Path, calm: float) -> Path:
+def _sharding_suite(root: Path, calm: float, stragglers: tuple[str | None, ...] = (None,)) -> Path:
     for strategy, spread in (("random", 0.05), ("stratified", calm)):
         for seed in range(20):
-            spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
-                           options={"consistency": "asp"})
-            fake_run(root, "sharding", spec, step_s=0.002, final_noise=spread)
+            for slow in stragglers:
+                spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
+                               options={"consistency": "asp"}, stragglers=slow)
+                fake_run(root, "sharding", spec, step_s=0.002, final_noise=spread)
     return root / "sharding"
 
 
@@ -71,6 +72,17 @@ def test_sharding_verdict_follows_the_records(tmp_path):
     alike = thesis.findings(load_suite(_sharding_suite(tmp_path / "b", calm=0.05)))
     assert [f.verdict for f in alike] in ([thesis.INCONCLUSIVE], [thesis.NOT_REPRODUCED])
     assert alike[0].verdict != thesis.REPRODUCED
+
+
+def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_path):
+    res = load_suite(_sharding_suite(tmp_path, calm=0.005, stragglers=(None, "spread:lo=1,hi=4.5")))
+    ratios = thesis.sharding_ratios(res)
+    from psbench.bench.report.plots import SHARDING_METRICS
+
+    assert ratios["conditions"].nunique() == 2 and len(ratios) == 2 * len(SHARDING_METRICS)  # per condition
+    assert (ratios["seeds"] == 20).all()  # paired within a condition, never pooled across
+    (found,) = thesis.findings(res)
+    assert "spread" in found.ours and "power: 20 seeds" in found.ours
 
 
 def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: int | None = 6) -> Path:

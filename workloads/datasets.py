@@ -210,6 +210,55 @@ def load_higgs_10m(seed: int, data_dir: Path | None = None) -> Dataset:
     return _split("higgs-10m", x, y, 2, seed, fingerprint=fingerprint)
 
 
+LONGTAIL_FINE, LONGTAIL_COARSE = 100, 20   # fine classes, grouped 5 to a coarse class (as CIFAR-100's)
+LONGTAIL_ZIPF = 1.1                         # class c (from 0) has weight (c + 1)^-1.1: the head ~160x the tail
+LONGTAIL_ROWS = 6000
+
+
+def longtail_counts(rows: int = LONGTAIL_ROWS, fine: int = LONGTAIL_FINE, zipf: float = LONGTAIL_ZIPF) -> np.ndarray:
+    """Examples per fine class: Zipf weights, at least 4 each (so a tail class still exists in a split)."""
+    weights = (np.arange(1, fine + 1, dtype=np.float64)) ** -zipf
+    counts = np.maximum(4, np.floor(rows * weights / weights.sum())).astype(np.int64)
+    counts[0] += rows - counts.sum()  # the head absorbs the rounding
+    return counts
+
+
+LONGTAIL_SPARSE_BELOW = 24  # a class with fewer examples (2 x 12 workers) is placed apart: a sparse region
+
+
+def load_longtail_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
+    """A class-rich set with a long tail and sparse regions by design (the sharding issue): 100 fine
+    classes in 20 coarse groups, Zipf(1.1) sizes (counts from ~1,100 down to 4), 32 features. Each
+    coarse group has a centre; the 40 larger fine classes sit close around their group's centre
+    (offset sd 0.15 a feature, clusters of sd up to 1.2: they overlap, so the task is not easy; an
+    MLP reaches ~0.85), the 60 tail classes (under 24 examples) far from it (offset sd 1.5) in tight
+    clusters (sd 0.4-0.5): small, isolated neighbourhoods. With 12 workers random shards leave 79 of
+    the 100 classes absent from some shard, and distribution-aware:100 finds 17 sparse
+    neighbourhoods (`psbench neighbourhoods longtail-synthetic`). 6,000 rows: 400 a worker at 12
+    workers (train split)."""
+    def make() -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(20250)
+        n_features = 32
+        counts = longtail_counts()
+        coarse_centres = rng.normal(0.0, 4.0, size=(LONGTAIL_COARSE, n_features))
+        order = rng.permutation(LONGTAIL_FINE)  # which coarse group a fine class belongs to: 5 each, mixed sizes
+        xs, ys = [], []
+        for fine, count in enumerate(counts):
+            group = order[fine] % LONGTAIL_COARSE
+            offset = 0.15 if count >= LONGTAIL_SPARSE_BELOW else 1.5
+            centre = coarse_centres[group] + rng.normal(0.0, offset, size=n_features)
+            spread = 0.4 + 0.8 * min(1.0, count / 200)  # the tail is tight
+            xs.append(centre + rng.normal(0.0, spread, size=(count, n_features)))
+            ys.append(np.full(count, fine))
+        return _standardise(np.concatenate(xs)).astype(np.float32), np.concatenate(ys).astype(np.int64)
+
+    x, y, fingerprint = cached_arrays("longtail", {"rows": LONGTAIL_ROWS, "fine": LONGTAIL_FINE,
+                                                   "coarse": LONGTAIL_COARSE, "zipf": LONGTAIL_ZIPF, "seed": 20250,
+                                                   "offsets": (0.15, 1.5), "sparse_below": LONGTAIL_SPARSE_BELOW},
+                                      ("numpy",), make)
+    return _split("longtail-synthetic", x, y, LONGTAIL_FINE, seed, fingerprint=fingerprint)
+
+
 def load_skewed_synthetic(seed: int, data_dir: Path | None = None) -> Dataset:
     return make_synthetic(seed, n_samples=4000, n_features=32, n_classes=10, label_skew=0.3,
                           name="skewed-synthetic")
@@ -321,6 +370,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "higgs-1m": load_higgs_1m,
     "higgs-10m": load_higgs_10m,
     "skewed-synthetic": load_skewed_synthetic,
+    "longtail-synthetic": load_longtail_synthetic,
     "cifar-synthetic": load_cifar_synthetic,
     "mnist": load_mnist_idx,
     "cifar10": load_cifar10_bin,

@@ -67,6 +67,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("mlp-wide-synthetic", "higgs-synthetic", "mlp", OptimizerSettings(0.02, 0.9), 64, 1, 0.70,
              model_options={"hidden": (1024, 1024)},
              description="wide MLP (1.08 M params, 4.3 MB) on HIGGS-shaped data: communication-bound runs"),
+    Workload("mlp-longtail", "longtail-synthetic", "mlp", OptimizerSettings(0.05, 0.9), 32, 5, 0.60,
+             description="MLP on a long-tailed, class-rich synthetic set (100 fine classes in 20 coarse, Zipf 1.1): "
+                         "where data sharding has something to balance"),
     Workload("logreg-digits", "digits", "logreg", OptimizerSettings(0.1, 0.9), 32, 5, 0.90,
              description="logistic regression on scikit-learn digits (real 8x8 images)"),
     Workload("mlp-digits", "digits", "mlp", OptimizerSettings(0.05, 0.9), 32, 5, 0.90,

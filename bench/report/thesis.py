@@ -248,11 +248,12 @@ def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
                 if metric not in group.columns:
                     continue
                 vr = sharding_variance_ratio(base, other, metric)
-                rows.append({"workload": key[0], "workers": key[2], "sharding": strategy, "metric": title,
+                rows.append({"workload": key[0], "workers": key[2], "conditions": key[4], "sharding": strategy,
+                             "metric": title,
                              "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
                              "p_paired": vr.p_pitman_morgan, "p_brown_forsythe": vr.p_brown_forsythe})
-    return pd.DataFrame(rows, columns=["workload", "workers", "sharding", "metric", "seeds", "ratio", "lo", "hi",
-                                       "p_paired", "p_brown_forsythe"])
+    return pd.DataFrame(rows, columns=["workload", "workers", "conditions", "sharding", "metric", "seeds", "ratio", "lo",
+                                       "hi", "p_paired", "p_brown_forsythe"])
 
 
 def sharding(res: SuiteResults) -> Finding | None:
@@ -263,13 +264,16 @@ def sharding(res: SuiteResults) -> Finding | None:
     above = ratios[(ratios["lo"] > 1)]
     significant = above[above["p_paired"] * m < ALPHA]
     best = ratios.loc[ratios["ratio"].idxmax()]
-    parts = [f"largest: {best['sharding']} {best['metric']} ({best['workload']}) "
+    def where(r: pd.Series) -> str:
+        return f"{r['workload']}, {r['conditions']}" if ratios["conditions"].nunique() > 1 else r["workload"]
+
+    parts = [f"largest: {best['sharding']} {best['metric']} ({where(best)}) "
              f"{_fmt_ci(Interval(int(best['seeds']), best['ratio'], best['lo'], best['hi']))}, "
              f"paired p={best['p_paired']:.3g}",
              f"{len(above)} of {m} ratios have their interval above 1"
              + (f" ({len(significant)} after Bonferroni)" if len(above) else "")]
     for _, r in above.iterrows():
-        parts.append(f"{r['sharding']} {r['metric']} ({r['workload']}) "
+        parts.append(f"{r['sharding']} {r['metric']} ({where(r)}) "
                      f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, p={r['p_paired']:.3g}")
     seeds = int(ratios["seeds"].min())
     parts.append(f"power: {seeds} seeds a strategy detect a ratio of "
