@@ -391,10 +391,10 @@ def fuzz_rss_limit_mb() -> int:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("atheris") is None, reason="atheris is not installed (no wheel here)")
-def test_atheris_decode_harness():
+def test_atheris_decode_harness(tmp_path):
     runs = int(os.environ.get("PSBENCH_ATHERIS_RUNS", "50000"))
     proc = subprocess.run([sys.executable, str(HARNESS), f"-runs={runs}", "-seed=1", "-max_len=4096",
-                           f"-rss_limit_mb={fuzz_rss_limit_mb()}"],
+                           f"-rss_limit_mb={fuzz_rss_limit_mb()}", f"-artifact_prefix={tmp_path}/"],
                           env=child_env(), capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]

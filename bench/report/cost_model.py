@@ -223,6 +223,11 @@ def fit_costs(res: SuiteResults) -> list[CostFit]:
     return fits
 
 
+def suite_fits(res: SuiteResults) -> list[CostFit]:
+    """fit_costs for a Kassela suite (a per-mini-batch sweep); none for any other suite."""
+    return fit_costs(res) if res.suite.startswith("kassela") else []
+
+
 def _ci(iv: Interval | None, scale: float = 1.0, digits: int = 3) -> str:
     if iv is None or math.isnan(iv.estimate):
         return "–"

@@ -90,11 +90,11 @@ class Report:
 def build_report(suite_dir: Path | str) -> Report:
     res = measures.annotate(load_suite(suite_dir))
     plots = draw_all(res)
-    blocks = compose(res, plots)
+    fits = cost_model.suite_fits(res)
+    blocks = compose(res, plots, fits)
     md_path, html_path = res.path / "report.md", res.path / "report.html"
     atomic_write_text(md_path, render_markdown(res, blocks))
     atomic_write_text(html_path, render_html(res, blocks))
-    fits = cost_model.fit_costs(res) if res.suite.startswith("kassela") else []
     if fits:
         atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite))
     return Report(res.path, md_path, html_path, plots)
@@ -605,7 +605,8 @@ def warnings_text(res: SuiteResults) -> list[str]:
     return [text for text in out if text]
 
 
-def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
+def compose(res: SuiteResults, plots: dict[str, list[Path]],
+            fits: list[cost_model.CostFit] | None = None) -> list[Block]:
     res = measures.annotate(res)
     blocks: list[Block] = []
     systems = ", ".join(res.labels)
@@ -663,7 +664,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]]) -> list[Block]:
           measures.FALL_RULE.capitalize() + ". Fractions: the global mini-batch over the training rows. Target "
           "(the thesis): the PS's time falls >= 10x over the range, Spark MLlib's <= 1.5x; the parts at both "
           "ends (ms per step, median) say why a time does or does not fall.")
-    fits = cost_model.fit_costs(res) if res.suite.startswith("kassela") else []
+    fits = cost_model.suite_fits(res) if fits is None else fits
     table("Per-mini-batch cost model", cost_model.terms_table(fits),
           cost_model.MODEL_RULE.capitalize() + ". 'largest fit error': the fit against the mean of the runs at "
           f"each measured batch size; the model projects only where it is within {cost_model.VALIDATION_TOLERANCE:.0%}"

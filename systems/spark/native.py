@@ -299,6 +299,7 @@ class SparkNativeSystem(SparkSystem):
         n_parts = partition_count(spec, options)
         t_data = time.perf_counter()
         data = jvm_rows(spark, prep, "rows" if api else kind, n_parts)
+        jvm_data = data if kind == "logreg" and not api else data._jdf.rdd()  # a DataFrame's rows as a JVM RDD
         recorder.extra["spark_data_ready_s"] = time.perf_counter() - t_data
         model, loss_fn = prep.build_model(), prep.workload.loss_fn()
         total = common_steps(prep)
@@ -309,8 +310,7 @@ class SparkNativeSystem(SparkSystem):
                    "api": "pyspark.mllib.classification.LogisticRegressionWithSGD.train"}["api" if api else kind]
         recorder.extra.update(native_trainer=trainer, mini_batch_fraction=fraction, train_rows=n_train, partitions=n_parts,
                               partitions_per_core=options.partitions_per_core,
-                              task_partition_bytes=task_partition_bytes(sc, data if kind == "logreg" and not api
-                                                                        else data._jdf.rdd()),
+                              task_partition_bytes=task_partition_bytes(sc, jvm_data),
                               native_evals="step 0 and the end (one JVM call)",
                               sharding_applied=False, bytes_source="computed (weights broadcast down, gradient up, "
                                                                    "float64)")
@@ -352,8 +352,7 @@ class SparkNativeSystem(SparkSystem):
         train_end = recorder.now()
         (logreg_from_spark if kind == "logreg" else mlp_from_spark)(model, weights)
         with recorder.paused():
-            drawn = drawn_per_iteration(data._jdf.rdd() if api else data, fraction if kind == "logreg" else 1.0,
-                                        total, n_train)
+            drawn = drawn_per_iteration(jvm_data, fraction if kind == "logreg" else 1.0, total, n_train)
         self._record_steps(sc, group, recorder, to_clock, losses, total, drawn, len(weights))
         with recorder.paused():
             record_evals(recorder, total, evaluate_splits(model, loss_fn, prep.data), t_wall=train_end)
