@@ -31,8 +31,7 @@ test-slow: setup
 bench: setup
 	$(MAKE) horovod || echo "psbench: horovod could not be built; its runs will be skipped (see systems/horovod/README.md)"
 	$(BIN)/psbench bench --results-dir $(RESULTS)
-	$(BIN)/psbench simulate --calibrate mlp-wide-synthetic --batch-size 64 --bandwidth-mbit 1000 \
-	  --spark-from $(RESULTS)/kassela/cost_model.json --out $(RESULTS)/simulate
+	$(BIN)/psbench simulate --from $(RESULTS) --out $(RESULTS)/simulate
 
 bench-quick: setup
 	$(BIN)/psbench bench --quick --results-dir $(RESULTS)

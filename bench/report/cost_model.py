@@ -374,15 +374,25 @@ def size_check_table(check: pd.DataFrame) -> pd.DataFrame:
 COST_FILE = "cost_model.json"  # the fits, for `psbench simulate --spark-from` (the scale model's Spark costs)
 
 
-def to_json(fits: list[CostFit], suite: str) -> str:
-    """The fitted terms with their intervals, one record per system variant."""
+def to_json(fits: list[CostFit], suite: str, falls: pd.DataFrame | None = None) -> str:
+    """The fitted terms with their intervals, one record per system variant, and the falls they
+    predict at the paper's setups (`predicted_falls`), for the scale model's projection."""
     import json
 
     def term(iv: Interval | None) -> dict[str, float] | None:
         return None if iv is None else {"s": iv.estimate, "lo": iv.lo, "hi": iv.hi}
 
+    def fall(iv: Interval) -> dict[str, float]:
+        return {"x": iv.estimate, "lo": iv.lo, "hi": iv.hi}
+
+    predicted = [] if falls is None else [
+        {"system": r["system"], "workload": r["workload"], "setup": r["setup"], "rows_per_core": r["rows per core"],
+         "fall_to_1pct": fall(r["fall to 1 %"]), "fall_to_0.01pct": fall(r["fall to 0.01 %"]),
+         "validated": bool(r["validated"]), "why": r["why"]} for r in falls.to_dict("records")]
+
     return json.dumps({"suite": suite, "rule": MODEL_RULE, "fits": [
         {"label": f.label, "system": f.system, "options": f.options, "workload": f.workload, "workers": f.workers,
          "runs": f.n, "rows_per_core": f.rows_per_core, "fixed": term(f.fixed), "per_example": term(f.per_example),
-         "scan_per_row": term(f.scan_per_row), "largest_fit_error": f.max_abs_error} for f in fits]},
+         "scan_per_row": term(f.scan_per_row), "largest_fit_error": f.max_abs_error} for f in fits],
+        "predicted_falls": predicted},
         indent=1, default=str)

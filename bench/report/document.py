@@ -91,12 +91,14 @@ def build_report(suite_dir: Path | str) -> Report:
     res = measures.annotate(load_suite(suite_dir))
     plots = draw_all(res)
     fits = cost_model.suite_fits(res)
-    blocks = compose(res, plots, fits)
+    check = cost_model.size_check(fits, cost_model.check_suite(res)) if fits else pd.DataFrame()
+    blocks = compose(res, plots, fits, check)
     md_path, html_path = res.path / "report.md", res.path / "report.html"
     atomic_write_text(md_path, render_markdown(res, blocks))
     atomic_write_text(html_path, render_html(res, blocks))
     if fits:
-        atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite))
+        falls = cost_model.predicted_falls(fits, cost_model.checked_labels(check))
+        atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite, falls))
     return Report(res.path, md_path, html_path, plots)
 
 
@@ -606,7 +608,7 @@ def warnings_text(res: SuiteResults) -> list[str]:
 
 
 def compose(res: SuiteResults, plots: dict[str, list[Path]],
-            fits: list[cost_model.CostFit] | None = None) -> list[Block]:
+            fits: list[cost_model.CostFit] | None = None, check: pd.DataFrame | None = None) -> list[Block]:
     res = measures.annotate(res)
     blocks: list[Block] = []
     systems = ", ".join(res.labels)
@@ -672,7 +674,8 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
     table("Fixed cost per mini-batch against the PS's", cost_model.fixed_ratios_table(fits),
           "What a mini-batch costs before any example is processed (scheduling, broadcast, aggregation, the "
           "driver's update for Spark; a round trip to the server for the PS), as a ratio, with its interval.")
-    check = cost_model.size_check(fits, cost_model.check_suite(res)) if fits else pd.DataFrame()
+    if check is None:
+        check = cost_model.size_check(fits, cost_model.check_suite(res)) if fits else pd.DataFrame()
     table("The model at another data size", cost_model.size_check_table(check),
           f"The fits above predict the runs of suite '{cost_model.CHECK_SUITES.get(res.suite, '')}' (another data "
           f"size, same systems) from their rows per core and fraction; the model projects only where every batch "

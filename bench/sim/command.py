@@ -19,6 +19,10 @@ from psbench.core.records import provenance
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
+    src.add_argument("--from", dest="from_results", type=Path, metavar="RESULTS",
+                     help="the event model: calibrate from the suites in RESULTS (systems, switch, throughput, and "
+                          "kassela's cost_model.json), check it against every run of systems and switch, and project "
+                          "to 8-1024 workers and the thesis' setups (bench/sim/from_results.py)")
     src.add_argument("--calibrate", metavar="WORKLOAD", default=None,
                      help="measure compute time of WORKLOAD with the single system and loopback bandwidth here")
     src.add_argument("--calibration", type=Path, help="a calibration JSON written by an earlier run")
@@ -39,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate-repeats", type=int, default=3, help="repeats per validation run (default 3)")
     p.add_argument("--netlab", type=Path, metavar="CSV",
                    help="also validate against the bandwidth experiment's table (results/netlab/bandwidth.csv)")
+    p.add_argument("--max-workers", type=int, default=1024,
+                   help="with --from: project to this many workers at most (default 1024)")
     p.add_argument("--out", type=Path, default=Path("results/simulate"), help="output folder")
 
 
@@ -65,9 +71,35 @@ def spark_cost_from_fit(cal: Any, path: Path) -> Any:
                           f"{cal.spark_task_overhead_s * 1e3:.3g} ms task cost assumed; {path})")
 
 
+def main_from_results(args: argparse.Namespace) -> int:
+    from psbench.bench.sim.from_results import simulate_results
+
+    if not args.from_results.is_dir():
+        raise ConfigError(f"--from: {args.from_results} is not a folder (give a results root, e.g. results/reference)")
+    for name in ("validate", "measure_spark", "spark_from", "netlab", "bandwidth_mbit", "rtt_us", "spark_job_ms"):
+        if getattr(args, name):
+            raise ConfigError(f"--from takes its costs from the records: --{name.replace('_', '-')} belongs to the "
+                              f"closed-form model (--calibrate, --calibration, --preset)")
+    if args.max_workers < 8:
+        raise ConfigError(f"--max-workers {args.max_workers}: the projection starts at 8 workers; give >= 8")
+    out: Path = args.out
+    stamp = provenance()
+    result = simulate_results(args.from_results, out, stamp, max_workers=args.max_workers)
+    arguments = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
+    atomic_write_json(out / "provenance.json", {**stamp, "simulate_arguments": arguments, "files": result["files"]})
+    s = result["summary"]
+    if s:
+        print(f"validation: {s['validated_runs']} runs, samples/s error median {s['samples_per_s_error_median']:.1%}, "
+              f"max {s['samples_per_s_error_max']:.1%} (goal {'met' if s['meets_goal'] else 'not met'})")
+    print(f"wrote {out}/: {', '.join(result['files'])}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.servers < 1:
         raise ConfigError("--batch-size and --servers must be >= 1")
+    if args.from_results is not None:
+        return main_from_results(args)
     if args.validate and (args.preset or args.calibration):
         raise ConfigError("--validate measures its own calibration: use it with --calibrate WORKLOAD (or alone)")
     validations: list[tuple[str, Validation]] = []
