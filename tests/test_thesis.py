@@ -74,6 +74,28 @@ def test_sharding_verdict_follows_the_records(tmp_path):
     assert alike[0].verdict != thesis.REPRODUCED
 
 
+def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
+    """Variance ratios of models at chance (an async step that diverged) say nothing of sharding: the
+    verdict leaves them out and names them, whatever the ratios."""
+    for strategy, spread in (("random", 0.05), ("stratified", 0.005)):
+        for seed in range(20):
+            spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
+                           options={"consistency": "asp"})
+            fake_run(tmp_path, "sharding", spec, step_s=0.002, final_noise=spread, acc_max=0.11, shards=True)
+    res = load_suite(tmp_path / "sharding")
+    assert thesis.untrained(res)  # 10 classes: chance 0.1, the runs end near it
+    (found,) = thesis.findings(res)
+    assert found.verdict == thesis.INCONCLUSIVE and "did not learn" in found.ours
+    # the same design with runs that learned: judged as before
+    for strategy, spread in (("random", 0.05), ("stratified", 0.005)):
+        for seed in range(20):
+            spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
+                           options={"consistency": "asp"})
+            fake_run(tmp_path / "ok", "sharding", spec, step_s=0.002, final_noise=spread, shards=True)
+    (learned,) = thesis.findings(load_suite(tmp_path / "ok" / "sharding"))
+    assert learned.verdict == thesis.REPRODUCED and "did not learn" not in learned.ours
+
+
 def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_path):
     res = load_suite(_sharding_suite(tmp_path, calm=0.005, stragglers=(None, "spread:lo=1,hi=4.5")))
     ratios = thesis.sharding_ratios(res)

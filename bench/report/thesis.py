@@ -55,6 +55,7 @@ PAPER = {
                 "(CIFAR-10, k=30), ~2x on validation; stratified 6.11x on validation accuracy (CIFAR-100 "
                 "coarse) (Provatas et al., IEEE BigData 2021)",
 }
+TRAINED_FACTOR = 2.0  # a sharding comparison counts only if its runs learned: accuracy >= 2 x chance
 RULES = {
     "kassela": f"with both sides on real compute (no emulated device), reproduced if for a workload the PS's fall "
                f"(largest ÷ smallest mini-batch's time, paired by seed) has its 95% interval at or above "
@@ -76,7 +77,10 @@ RULES = {
               f"below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; else inconclusive",
     "sharding": f"reproduced if a ratio's 95% interval lies above 1 and its paired (Pitman–Morgan) p-value stays "
                 f"below {ALPHA:g} after a Bonferroni correction over every ratio tested; not reproduced if every "
-                f"ratio's interval lies below {SHARDING_EFFECT:g}x (the paper's smallest effect ruled out)",
+                f"ratio's interval lies below {SHARDING_EFFECT:g}x (the paper's smallest effect ruled out); else "
+                f"inconclusive. Only comparisons whose runs learned count: a workload and condition whose mean final "
+                f"validation accuracy stays below {TRAINED_FACTOR:g}x chance (1 / its classes, from the shard "
+                f"reports) is left out and named (the variance of untrained models says nothing of sharding)",
 }
 
 
@@ -256,10 +260,32 @@ def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
                                        "hi", "p_paired", "p_brown_forsythe"])
 
 
+def untrained(res: SuiteResults) -> dict[tuple[str, str], tuple[float, float]]:
+    """(workload, conditions) -> (mean final validation accuracy, chance) of the sharding comparisons
+    whose runs did not learn: below TRAINED_FACTOR x chance, chance = 1 / the classes in their shard
+    reports (a comparison with no shard report is not judged)."""
+    runs = sharding_runs(res.runs)
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for (workload, conditions), group in runs.groupby(["workload", "conditions"]):
+        counts = res.shard_counts[res.shard_counts["run_id"].isin(group["run_id"])] if len(res.shard_counts) else None
+        classes = counts["class"].nunique() if counts is not None else 0
+        accuracy = float(pd.to_numeric(group["final_val_accuracy"], errors="coerce").mean())
+        if classes and not accuracy >= TRAINED_FACTOR / classes:
+            out[(workload, conditions)] = (accuracy, 1.0 / classes)
+    return out
+
+
 def sharding(res: SuiteResults) -> Finding | None:
     ratios = sharding_ratios(res).dropna(subset=["ratio"])
     if ratios.empty:
         return None
+    failed = untrained(res)
+    idle = [f"{w} ({c}): mean final validation accuracy {acc:.3f}, chance {chance:.3f}: the runs did not learn, "
+            f"left out" for (w, c), (acc, chance) in failed.items()]
+    ratios = ratios[[(w, c) not in failed for w, c in zip(ratios["workload"], ratios["conditions"])]]
+    if ratios.empty:
+        return Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(idle),
+                       INCONCLUSIVE, RULES["sharding"], res.suite)
     m = len(ratios)
     above = ratios[(ratios["lo"] > 1)]
     significant = above[above["p_paired"] * m < ALPHA]
@@ -280,6 +306,7 @@ def sharding(res: SuiteResults) -> Finding | None:
                  f"{variance_power.detectable_ratio(seeds, seeds, ALPHA / m):.2f}x with 80% power at {ALPHA:g}/{m}; "
                  f"{SHARDING_EFFECT:g}x needs {variance_power.seeds_label(SHARDING_EFFECT, ALPHA / m)} seeds")
     parts.append("the paper's design: " + variance_power.paper_design_text())
+    parts += idle
     if len(significant):
         verdict = REPRODUCED
     elif (ratios["hi"] < SHARDING_EFFECT).all():
