@@ -63,6 +63,12 @@ def test_stragglers_are_the_pacers():
     assert any(d > 0.035 for d in steps["device_s"])  # the stalls happened
 
 
+def replace_spec(spec: SimSpec, **kw) -> SimSpec:
+    from dataclasses import replace
+
+    return replace(spec, **kw)
+
+
 def replace_costs(costs: SystemCosts, **kw) -> SystemCosts:
     from dataclasses import replace
 
@@ -112,6 +118,11 @@ def test_switch_changes_phase_at_its_time_and_pays_the_handover():
     assert sync["t_wall"].max() <= 0.5 + 0.05 and after["t_wall"].min() >= sync["t_wall"].max() + 0.3
     assert steps["t_wall"].max() <= 2.0
     # asynchronous after the switch: the fast workers outpace the slow one
+    assert after[after["worker"] == 0].shape[0] > 1.5 * after[after["worker"] == 1].shape[0]
+    # a PS BSP sync phase: the workers meet at the switch, then the same async phase
+    ps_sync = frame(replace_spec(spec, sync="ps-bsp"), replace_costs(PS, handover_s=0.3), sync_costs=PS)
+    sync, after = ps_sync[ps_sync["phase"] == "sync"], ps_sync[ps_sync["phase"] == "async"]
+    assert sync["staleness"].max() == 0 and after["t_wall"].min() >= sync["t_wall"].max() + 0.3
     assert after[after["worker"] == 0].shape[0] > 1.5 * after[after["worker"] == 1].shape[0]
     with pytest.raises(ConfigError, match="switch_at_s"):
         SimSpec("switch", "w", 2, 8, max_steps=5)

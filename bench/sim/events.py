@@ -112,10 +112,6 @@ class SimRun:
     steps: list[dict] = field(default_factory=list)   # worker, step, t_wall (step end), n_samples, staleness, phase
     events: int = 0
 
-    @property
-    def train_s(self) -> float:
-        return max((r["t_wall"] for r in self.steps), default=0.0)
-
 
 class CorePool:
     """C cores, each job on the one free first (C = 0: as many as asked, nothing waits)."""
@@ -187,13 +183,14 @@ class _Sim:
         self.pulled_at = [0] * n                  # `applied` when the worker last got parameters
         self.bsp_arrived: dict[int, list[tuple[int, float]]] = {}
         self.ssp_waiting: list[tuple[int, float]] = []
-        self.round_ready: list[float] = []        # allreduce family: this round's ready times
         self.phase = "sync" if spec.system == "switch" else ""
         self.stopped = [False] * n
         self.samples = spec.samples_per_step or spec.batch_size
         self.started = [0.0] * n                  # the current step's start, and its gradients' ready time
         self.ready = [0.0] * n
         self.last_end = [0.0] * n                 # the previous step's end (an SSP wait lies between)
+        self._replies: dict[tuple, int] = {}      # a step's replies in, of the S shards'
+        self._at_switch: list[float] = []         # ps-bsp sync phase: when each worker reached the switch
 
     # -- shared pieces ---------------------------------------------------------------------
     def finished(self, w: int) -> bool:
@@ -348,8 +345,6 @@ class _Sim:
 
     # -- run ---------------------------------------------------------------------------------
     def simulate(self) -> SimRun:
-        self._replies: dict[tuple, int] = {}
-        self._at_switch: list[float] = []
         system = self.spec.system
         sync_is_round = system in ALLREDUCE_FAMILY or system in ("single", *SPARK_ROUNDS) or (
             system == "switch" and self.spec.sync == "ddp")
