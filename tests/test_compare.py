@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from psbench.bench import cli
-from psbench.bench.report.compare import compare_sides, load_side, ratio_interval, verdict
+from psbench.bench.report.compare import compare_sides, load_side, plot, ratio_interval, verdict
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
 from report_fixtures import fake_run
@@ -81,3 +81,14 @@ def test_interval_and_verdict_units() -> None:
     assert low < 1 < high and verdict(low, high, True) == "~"
     low, high = ratio_interval(a, a * 1.3, paired=True)
     assert low == pytest.approx(1.3) and verdict(low, high, True) == "better" and verdict(low, high, False) == "worse"
+
+
+def test_plot_draws_an_interval_that_does_not_hold_its_ratio(tmp_path: Path) -> None:
+    """A bootstrap percentile interval of a ratio can lie beside the ratio of the means (CI failed on
+    it once: matplotlib's xerr must not be negative): the plot draws what was computed."""
+    table = pd.DataFrame([{"configuration": "ps w2", "metric": "samples/s", "ratio B/A": 0.98, "low": 1.01,
+                           "high": 1.2, "verdict": "~"},
+                          {"configuration": "ddp w2", "metric": "samples/s", "ratio B/A": 1.1, "low": None,
+                           "high": None, "verdict": "n/a"}])
+    paths = plot(table, tmp_path)
+    assert paths and all(p.stat().st_size > 0 for p in paths)

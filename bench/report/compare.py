@@ -230,10 +230,12 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
         for y, (config, r) in enumerate(rows.iterrows()):
             if pd.isna(r["ratio B/A"]):
                 continue
-            err = None
+            colour = colours[r["verdict"]]
             if r["low"] is not None and not pd.isna(r["low"]):
-                err = [[r["ratio B/A"] - r["low"]], [r["high"] - r["ratio B/A"]]]
-            ax.errorbar([r["ratio B/A"]], [y], xerr=err, fmt="o", color=colours[r["verdict"]], capsize=3)
+                # the interval as computed, drawn on its own: a bootstrap percentile interval of a ratio
+                # need not contain the ratio of the means (matplotlib's xerr refuses that case)
+                ax.plot([r["low"], r["high"]], [y, y], color=colour, marker="|", markersize=9, linewidth=1.2)
+            ax.plot([r["ratio B/A"]], [y], "o", color=colour)
         ax.axvline(1.0, color="#888", linestyle="--", linewidth=1)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4))
         ax.xaxis.set_major_formatter(FormatStrFormatter("%.4g"))
