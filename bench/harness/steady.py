@@ -41,6 +41,12 @@ def steady_window(steps: pd.DataFrame) -> tuple[float, float, int] | None:
     return start, end, int(inside["n_samples"].sum())
 
 
+def steady_rate(steps: pd.DataFrame) -> float:
+    """Samples/s over the steady window (nan where there is none)."""
+    window = steady_window(steps)
+    return window[2] / (window[1] - window[0]) if window else float("nan")
+
+
 def step_intervals(steps: pd.DataFrame) -> pd.Series:
     """One run's seconds between a worker's consecutive steps, after warm-up (index: the step rows)."""
     kept = warmup_mask(steps)

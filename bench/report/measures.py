@@ -10,8 +10,8 @@ from typing import Any
 import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults
-from psbench.bench.harness.steady import (WARMUP_FRACTION, WARMUP_MIN_STEPS, WARMUP_RULE, steady_window,  # noqa: F401
-                                         step_intervals, warmup_mask)
+from psbench.bench.harness.steady import (WARMUP_FRACTION, WARMUP_MIN_STEPS, WARMUP_RULE, steady_rate,  # noqa: F401
+                                         steady_window, step_intervals, warmup_mask)
 from psbench.core.records import STEP_TIME_COLUMNS
 
 # A run below either minimum is too short to compare: its throughput is start-up and scheduler noise.
@@ -83,8 +83,7 @@ def annotate(res: SuiteResults) -> SuiteResults:
     by_run = dict(tuple(res.steps.groupby("run_id"))) if len(res.steps) else {}
     steady, per_worker = {}, {}
     for run_id, rows in by_run.items():
-        window = steady_window(rows)
-        steady[run_id] = window[2] / (window[1] - window[0]) if window else math.nan
+        steady[run_id] = steady_rate(rows)
         per_worker[run_id] = len(rows) / max(1, rows["worker"].nunique())
     runs["steady_samples_per_s"] = runs["run_id"].map(steady).astype(float)
     runs["steps_per_worker"] = runs["run_id"].map(per_worker).fillna(0.0).astype(float)

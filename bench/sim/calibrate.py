@@ -37,6 +37,7 @@ import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.harness.steady import warmup_mask
+from psbench.bench.sim.simulate import model_bytes
 from psbench.bench.sim.events import ALLREDUCE_FAMILY, PS_FAMILY, SPARK_ROUNDS, SystemCosts
 from psbench.core.errors import ConfigError
 
@@ -122,12 +123,6 @@ def fits_cores(run: Any) -> bool:
     return cores is None or not cores == cores or run.workers <= float(cores)
 
 
-def model_bytes_of(workload: str) -> int:
-    from psbench.bench.sim.simulate import model_bytes
-
-    return model_bytes(workload)
-
-
 def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
     """Calibration from the runs of the given suite folders (1-worker runs give per-step costs;
     multi-worker allreduce runs their allreduce timed alone; Spark's round systems their growth)."""
@@ -142,7 +137,7 @@ def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
         for run in runs.itertuples():
             own_cores = fits_cores(run)  # else the figure would hold this machine's contention
             if run.system in ALLREDUCE_FAMILY and run.workers > 1 and pd.notna(run.allreduce_alone_s):
-                size = sizes.setdefault(run.workload, model_bytes_of(run.workload))
+                size = sizes.setdefault(run.workload, model_bytes(run.workload))
                 ar_points.setdefault(run.system, []).append((run.workers, size, float(run.allreduce_alone_s), run.run_id,
                                                              own_cores))
             if run.system == "switch" and pd.notna(getattr(run, "handover_s", math.nan)):
@@ -166,7 +161,7 @@ def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
             roles = cpu.get("figures") or {}
             workers_cpu = (roles.get("workers") or {}).get("step_cpu_s", 0.0)
             shard_cpu = next((f.get("step_cpu_s", 0.0) for role, f in roles.items() if "shard" in role), 0.0)
-            size = sizes.setdefault(workload, model_bytes_of(workload))
+            size = sizes.setdefault(workload, model_bytes(workload))
             previous = cal.costs.get(key)
             if previous is not None and cal.compute_by_batch.get(key, (0, 0))[1] >= int(batch):
                 continue  # one set per system and workload: the largest batch measured
@@ -251,5 +246,5 @@ def _fit_spark(cal: Calibration, points: dict[tuple[str, str], list[tuple[int, f
             cal.figures.append(Figure(system, workload, name, value, None if h is None else value - h,
                                       None if h is None else value + h, len(pts), src))
         key = (system, workload)
-        base = cal.costs.get(key) or SystemCosts(compute_cpu_s=0.0, model_bytes=model_bytes_of(workload))
+        base = cal.costs.get(key) or SystemCosts(compute_cpu_s=0.0, model_bytes=model_bytes(workload))
         cal.costs[key] = replace(base, job_s=c0, per_worker_s=c1, comm_fixed_s=0.0)

@@ -21,11 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults, load_suite
-from psbench.bench.harness.steady import steady_window, step_intervals, warmup_mask
+from psbench.bench.harness.steady import steady_rate, step_intervals, warmup_mask
 from psbench.bench.sim.calibrate import Calibration
 from psbench.bench.sim.events import SIMULATED, SimSpec, simulate_run
 from psbench.core.errors import ConfigError
@@ -61,8 +60,8 @@ def _budget_s(budget: Any) -> float | None:
     return float(budget.split("=", 1)[1])
 
 
-def sim_spec(run: pd.Series, res: SuiteResults) -> SimSpec:
-    """The SimSpec of a measured run (ConfigError for what the model does not take)."""
+def sim_spec(run: pd.Series, res: SuiteResults, steps: pd.DataFrame) -> SimSpec:
+    """The SimSpec of a measured run, given its step rows (ConfigError for what the model does not take)."""
     spec = (res.manifests.get(run["run_id"]) or {}).get("spec") or {}
     options = spec.get("options") or {}
     budget = spec.get("budget")
@@ -84,7 +83,6 @@ def sim_spec(run: pd.Series, res: SuiteResults) -> SimSpec:
             raise ConfigError("its switch never fired (no switch event): a sync run, not a switch")
         switch_at = float(fired["t_wall"].min())
     cores = run.get("cores")
-    steps = res.steps[res.steps["run_id"] == run["run_id"]]
     kept = steps[warmup_mask(steps)] if len(steps) else steps
     return SimSpec(system=system, workload=run["workload"], workers=int(run["workers"]),
                    batch_size=int(run["batch_size"]), seed=int(run["seed"]), consistency=consistency,
@@ -104,18 +102,13 @@ def _parts(steps: pd.DataFrame) -> tuple[float, float]:
     return float(device.median()), float(system.median())
 
 
-def _rate(steps: pd.DataFrame) -> float:
-    window = steady_window(steps)
-    return window[2] / (window[1] - window[0]) if window else math.nan
-
-
 def check_suite(res: SuiteResults, cal: Calibration) -> Check:
     rows, skipped = [], []
     for _, run in res.runs.iterrows():
         run_id = run["run_id"]
         measured_steps = res.steps[res.steps["run_id"] == run_id]
         try:
-            spec = sim_spec(run, res)
+            spec = sim_spec(run, res, measured_steps)
             costs = cal.for_run(spec.system, spec.workload, spec.batch_size)
             sync_costs = None
             if spec.system == "switch":
@@ -130,7 +123,7 @@ def check_suite(res: SuiteResults, cal: Calibration) -> Check:
         if measured_steps.empty or sim_steps.empty:
             skipped.append((run_id, "no steps"))
             continue
-        measured_rate, predicted_rate = _rate(measured_steps), _rate(sim_steps)
+        measured_rate, predicted_rate = steady_rate(measured_steps), steady_rate(sim_steps)
         if spec.system == "switch":  # a two-phase mixture has no typical step: compare the async phase's
             measured_step = float(step_intervals(measured_steps[measured_steps["t_wall"] > spec.switch_at_s]).median())
             predicted_step = float(step_intervals(sim_steps[sim_steps["phase"] == "async"]).median())
@@ -138,8 +131,7 @@ def check_suite(res: SuiteResults, cal: Calibration) -> Check:
             measured_step = float(step_intervals(measured_steps).median())
             predicted_step = float(step_intervals(sim_steps).median())
         device, system = _parts(measured_steps)
-        sim_device = float(np.median([d for d in sim_steps["device_s"]])) if "device_s" in sim_steps else math.nan
-        sim_system = float(np.median([d for d in sim_steps["system_s"]])) if "system_s" in sim_steps else math.nan
+        sim_device, sim_system = float(sim_steps["device_s"].median()), float(sim_steps["system_s"].median())
         misses = {"device (compute + emulated)": abs(sim_device - device), "system (comm + wait + update)": abs(sim_system - system)}
         rows.append({
             "suite": res.suite, "run_id": run_id, "label": run["label"], "workload": run["workload"],

@@ -20,10 +20,11 @@ from typing import Any
 
 import pandas as pd
 
-from psbench.bench.harness.steady import steady_window
+from psbench.bench.harness.steady import steady_rate
 from psbench.bench.sim.calibrate import Calibration
 from psbench.bench.sim.events import Network, SimSpec, SystemCosts, simulate_run
 from psbench.core.emulation import parse_device
+from psbench.core.errors import ConfigError
 
 WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 LINKS_GBIT = (1.0, 10.0, 25.0)
@@ -61,31 +62,26 @@ def shard_costs(costs: SystemCosts, servers: int, calibration_bytes: int) -> Sys
     return replace(costs, server_cpu_s=costs.server_cpu_s * max(1.0, slice_bytes / max(1, calibration_bytes)))
 
 
-def steady_rate(steps: list[dict]) -> float:
-    window = steady_window(pd.DataFrame(steps))
-    return window[2] / (window[1] - window[0]) if window else math.nan
-
-
 def simulate_curve(cal: Calibration, curve: Curve, workload: str, batch: int, workers: int, net: Network,
                    stragglers: str | None = None, seed: int = 0) -> float | None:
     """Steady samples/s of one projected run, or None where the calibration lacks the system."""
     servers = max(1, workers // 16) if curve.servers == "n/16" else int(curve.servers)
     try:
         costs = cal.for_run(curve.system, workload, batch)
-    except Exception:  # noqa: BLE001 - a system this results folder has no runs of
+    except ConfigError:  # a system this results folder has no runs of
         return None
     if curve.system == "ps":
         costs = shard_costs(costs, servers, costs.model_bytes)
     spec = SimSpec(curve.system, workload, workers, batch, seed=seed, consistency=curve.consistency, servers=servers,
                    emulate_device=DEVICE, stragglers=stragglers, max_steps=STEPS)
-    return steady_rate(simulate_run(spec, costs, net).steps)
+    return steady_rate(pd.DataFrame(simulate_run(spec, costs, net).steps))
 
 
 def single_rate(cal: Calibration, workload: str, batch: int) -> float:
     costs = cal.for_run("ps", workload, batch) if ("ps", workload) in cal.costs else next(
         c for (s, w), c in cal.costs.items() if w == workload)
     spec = SimSpec("single", workload, 1, batch, emulate_device=DEVICE, max_steps=STEPS)
-    return steady_rate(simulate_run(spec, replace(costs, comm_fixed_s=0.0)).steps)
+    return steady_rate(pd.DataFrame(simulate_run(spec, replace(costs, comm_fixed_s=0.0)).steps))
 
 
 def scaling_table(cal: Calibration, workload: str, batch: int, workers: tuple[int, ...] = WORKERS,
@@ -205,7 +201,7 @@ def anchors(cal: Calibration) -> pd.DataFrame:
             for n in (16, 128):
                 spec = SimSpec("ddp", "resnet-101", n, 64, emulate_device="step_ms=581.8", max_steps=STEPS)
                 one = 64 / 0.5818
-                rate = steady_rate(simulate_run(spec, costs, net).steps)
+                rate = steady_rate(pd.DataFrame(simulate_run(spec, costs, net).steps))
                 rows.append({"anchor": "Horovod paper (Sergeev & Del Balso 2018), ResNet-101, 25 Gbit/s, 64 images "
                                        "at ~110 images/s per GPU", "model run": label,
                              "workers": n, "published": "88% at 128 GPUs" if n == 128 else "",

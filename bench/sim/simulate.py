@@ -37,6 +37,7 @@ linearly); it does not reproduce TensorFlow's exact PS deployment, which the pap
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -246,6 +247,7 @@ def measure_single(workload: str, batch_size: int, steps: int, seed: int = 0,
             "samples_per_step": s["samples"] / s["steps"]}
 
 
+@functools.lru_cache(maxsize=None)  # it loads the data set: once per workload and seed
 def model_bytes(workload: str, seed: int = 0) -> int:
     from psbench.core.spec import RunSpec
     from psbench.systems.common import prepare
