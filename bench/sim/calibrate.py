@@ -128,7 +128,6 @@ def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
     multi-worker allreduce runs their allreduce timed alone; Spark's round systems their growth)."""
     cal = Calibration(suites=[str(p) for p in suite_dirs])
     suites = [load_suite(p) for p in suite_dirs]
-    sizes: dict[str, int] = {}
     ar_points: dict[str, list[tuple[int, int, float, str, bool]]] = {}
     spark_points: dict[tuple[str, str], list[tuple[int, float, str]]] = {}
     handovers: list[tuple[float, str]] = []
@@ -137,7 +136,7 @@ def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
         for run in runs.itertuples():
             own_cores = fits_cores(run)  # else the figure would hold this machine's contention
             if run.system in ALLREDUCE_FAMILY and run.workers > 1 and pd.notna(run.allreduce_alone_s):
-                size = sizes.setdefault(run.workload, model_bytes(run.workload))
+                size = model_bytes(run.workload)
                 ar_points.setdefault(run.system, []).append((run.workers, size, float(run.allreduce_alone_s), run.run_id,
                                                              own_cores))
             if run.system == "switch" and pd.notna(getattr(run, "handover_s", math.nan)):
@@ -161,7 +160,7 @@ def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
             roles = cpu.get("figures") or {}
             workers_cpu = (roles.get("workers") or {}).get("step_cpu_s", 0.0)
             shard_cpu = next((f.get("step_cpu_s", 0.0) for role, f in roles.items() if "shard" in role), 0.0)
-            size = sizes.setdefault(workload, model_bytes(workload))
+            size = model_bytes(workload)
             previous = cal.costs.get(key)
             if previous is not None and cal.compute_by_batch.get(key, (0, 0))[1] >= int(batch):
                 continue  # one set per system and workload: the largest batch measured
