@@ -36,9 +36,10 @@ bench: setup
 bench-quick: setup
 	$(BIN)/psbench bench --quick --results-dir $(RESULTS)
 
-# Throughput ratios vs bench/regress/baselines/regress.json; non-zero exit on a regression beyond tolerance.
+# Throughput ratios of this checkout against the baseline's commit (git_sha in
+# bench/regress/baselines/regress.json), both measured here side by side; non-zero exit on a regression.
 regress: setup
-	$(BIN)/psbench regress --quick
+	$(BIN)/psbench regress --quick --against
 
 # Micro-benchmarks under pytest-benchmark (tests/microbench): saves the run's JSON in .benchmarks/
 # and, when an earlier save exists, compares with it and fails on a slowdown beyond MICROBENCH_FAIL.

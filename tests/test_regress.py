@@ -133,19 +133,14 @@ def test_the_committed_baseline_follows_its_tolerance_rule():
     assert min(baseline["metrics"][f"ps.asp1_vs_echo_{w}"]["tolerance"] for w in ("cnn_mnist1d", "mlp_digits")) < 0.15
 
 
-@pytest.mark.slow  # ~100 s of benchmark repeats: `make test-slow` (CI runs it)
-def test_a_20_percent_ps_slowdown_fails_the_check_and_an_unchanged_run_passes(tmp_path, monkeypatch, capsys):
-    """A baseline of the ps benchmark measured here and now (the committed baseline's rule, so this
-    machine's state today is on both sides); then the PS side made 20% slower
-    (PSBENCH_REGRESS_PS_SLOWDOWN, tests only) fails `psbench regress`, and the same benchmark
-    unchanged passes. (`make regress` checks against the committed baseline.)"""
+@pytest.mark.slow  # ~200 s of benchmark repeats: `make test-slow` (CI runs it)
+def test_against_a_commit_a_20_percent_ps_slowdown_fails_and_an_unchanged_checkout_passes(monkeypatch, capsys):
+    """`make regress`'s way: the committed HEAD installed in a temporary venv and measured on this
+    machine beside this checkout, interleaved. Made 20% slower here (PSBENCH_REGRESS_PS_SLOWDOWN,
+    tests only, which reaches this checkout's side alone), the PS metrics fail; unchanged, it passes."""
     from psbench.bench.regress.ps_benchmarks import SLOWDOWN_ENV
 
-    baseline = tmp_path / "baseline.json"
-    baseline.write_text(json.dumps({"tolerance_rule": load_baseline(DEFAULT_BASELINE)["tolerance_rule"], "metrics": {}}))
-    check = ["regress", "--only", "ps", "--quick", "--baseline", str(baseline)]
-    assert main([*check, "--update-baseline"]) == 0
-    capsys.readouterr()
+    check = ["regress", "--only", "ps", "--quick", "--against", "HEAD"]
     monkeypatch.setenv(SLOWDOWN_ENV, "0.2")
     assert main(check) == 1
     out, err = capsys.readouterr()
@@ -153,12 +148,51 @@ def test_a_20_percent_ps_slowdown_fails_the_check_and_an_unchanged_run_passes(tm
     flagged = {m for m, (_, state) in slowed.items() if state == "REGRESSION"}
     assert flagged and flagged <= {m for m in slowed if m.startswith("ps.asp1_")}, out  # the PS side's only
     assert f"REGRESSION in {', '.join(sorted(flagged))}" in err
+    assert "measured on this machine beside this checkout, 5 interleaved repeat(s) each" in out
+    assert "installing" in err and err.count("this checkout") == 5
     monkeypatch.delenv(SLOWDOWN_ENV)
     assert main(check) == 0, capsys.readouterr().out
-    capsys.readouterr()
+
+
+def test_the_slowdown_knob_takes_a_fraction_only(monkeypatch, capsys):
+    from psbench.bench.regress.ps_benchmarks import SLOWDOWN_ENV
+
     monkeypatch.setenv(SLOWDOWN_ENV, "1.5")
-    assert main(check) == 2
+    assert main(["regress", "--only", "ps", "--quick", "--repeats", "1"]) == 2
     assert "PSBENCH_REGRESS_PS_SLOWDOWN='1.5': a fraction of throughput in [0, 1)" in capsys.readouterr().err
+
+
+def test_against_checks_its_input_and_falls_back_only_for_the_baselines_own_commit(fake_benchmark, monkeypatch,
+                                                                                     capsys):
+    monkeypatch.setenv("FAKE_RATIO", "2.0")
+    fake = ["regress", "--only", "fake", "--baseline", str(fake_benchmark), "--repeats", "1"]
+    assert main([*fake, "--against", "no-such-rev"]) == 2
+    assert "--against no-such-rev: not a commit" in capsys.readouterr().err
+    assert main([*fake, "--against", "HEAD", "--update-baseline"]) == 2
+    assert "use one" in capsys.readouterr().err
+    assert main([*fake, "--against"]) == 2  # this baseline names no commit
+    assert "baseline file's git_sha" in capsys.readouterr().err
+    # the baseline's commit missing from this clone (a shallow one): the stored values, and it says so
+    data = json.loads(fake_benchmark.read_text())
+    fake_benchmark.write_text(json.dumps({**data, "git_sha": "0" * 40}))
+    assert main([*fake, "--against"]) == 0
+    out, err = capsys.readouterr()
+    assert "comparing with the baseline's stored values instead" in err and "fake.throughput.vs_single" in out
+
+
+def test_side_by_side_tolerance_comes_from_the_noisier_side():
+    rule = ToleranceRule(mads=4.0, floor=0.1)
+    there = {"m.steady": Measured(1.0, True, (1.0, 1.01, 0.99, 1.0, 1.0)),
+             "m.noisy_here": Measured(1.0, False, (1.0, 1.0, 1.0, 1.0, 1.0)), "m.gone": Measured(1.0, True, (1.0,))}
+    here = {"m.steady": Measured(0.85, True, (0.85, 0.85, 0.86, 0.84, 0.85)),
+            "m.noisy_here": Measured(1.2, False, (1.2, 1.3, 1.1, 1.4, 1.0)), "m.new": Measured(2.0, True, (2.0,))}
+    base = regress.side_by_side_baseline(there, here, rule)
+    assert base["metrics"]["m.steady"]["tolerance"] == 0.1
+    assert base["metrics"]["m.noisy_here"] == {"value": 1.0, "higher_is_better": False,
+                                               "tolerance": rule.tolerance([1.2, 1.3, 1.1, 1.4, 1.0])}
+    rows = compare(base, here)
+    assert [status(rows, m) for m in ("m.steady", "m.noisy_here", "m.gone", "m.new")] == \
+        ["REGRESSION", "ok", "not measured", "new"]
 
 
 def _measured_rows(table: str) -> dict[str, tuple[float, str]]:

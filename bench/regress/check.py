@@ -244,8 +244,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default {DEFAULT_REPEATS})")
     p.add_argument("--update-baseline", action="store_true", help="write the measured medians into the baseline, "
                    "each with its repeats, their spread and the tolerance the baseline's tolerance_rule gives it")
+    p.add_argument("--against", nargs="?", const="", metavar="REV",
+                   help="run REV's benchmarks (a git commit; alone: the baseline file's git_sha) on this machine "
+                        "beside this checkout's, interleaved, and compare with those rather than with the stored "
+                        "values: ratios shift from one processor to another, so CI checks this way")
     p.add_argument("--only", action="append", metavar="NAME",
                    help=f"run only this benchmark (repeatable): {', '.join(RATIO_BENCHMARKS)}")
+
+
+def _against_commit(rev: str, baseline: dict[str, Any], log: Callable[[str], None]) -> str | None:
+    """The commit --against names (the baseline's git_sha when none is named). None when that
+    default is not in this clone: the check then goes on against the stored values, and says so."""
+    from .side_by_side import resolve_commit
+
+    if rev:
+        return resolve_commit(rev)
+    if not baseline.get("git_sha"):
+        raise ConfigError("--against without a REV uses the baseline file's git_sha, and this baseline has none")
+    try:
+        return resolve_commit(baseline["git_sha"])
+    except ConfigError as exc:
+        log(f"{exc}; comparing with the baseline's stored values instead")
+        return None
+
+
+def side_by_side_baseline(there: dict[str, Measured], here: dict[str, Measured], rule: ToleranceRule) -> dict[str, Any]:
+    """The other commit's medians as a baseline for compare(): each metric's tolerance is the rule
+    applied to the noisier of its two sides (both measured now, so the floor only has to cover
+    what the interleaving leaves)."""
+    metrics = {}
+    for metric, m in there.items():
+        noisier = max((m.samples, here[metric].samples if metric in here else ()), key=spread)
+        metrics[metric] = {"value": m.value, "higher_is_better": m.higher_is_better,
+                           "tolerance": rule.tolerance(list(noisier))}
+    return {"metrics": metrics}
+
+
+def _check_against(sha: str, baseline: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]) -> int:
+    from .side_by_side import measure_side_by_side
+
+    there, here = ({m: Measured(statistics.median(v), higher, tuple(v)) for m, (higher, v) in side.items()}
+                   for side in measure_side_by_side(sha, args.only, args.quick, args.repeats, log))
+    rows = compare(side_by_side_baseline(there, here, ToleranceRule.of(baseline)), here, args.tolerance)
+    print(format_table(rows))
+    print(f"baseline: commit {sha[:12]} measured on this machine beside this checkout, {args.repeats} interleaved "
+          f"repeat(s) each ({'quick' if args.quick else 'full'} sizes)")
+    return _verdict(rows)
+
+
+def _verdict(rows: list[Row]) -> int:
+    regressions = [r.metric for r in rows if r.status == "REGRESSION"]
+    if regressions:
+        print(f"psbench regress: REGRESSION in {', '.join(regressions)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -260,10 +312,18 @@ def main(args: argparse.Namespace) -> int:
     if args.tolerance is not None and args.update_baseline:
         raise ConfigError("--tolerance applies to a check; a baseline's tolerances come from its repeats' spread "
                           "(tolerance_rule in the baseline file)")
+    if args.against is not None and args.update_baseline:
+        raise ConfigError("--against compares with another commit measured now; --update-baseline writes this "
+                          "checkout's values: use one")
     baseline = None
     if not args.update_baseline or Path(args.baseline).is_file():
         baseline = load_baseline(args.baseline)
     log = lambda s: print(f"psbench regress: {s}", file=sys.stderr)  # noqa: E731
+    if args.against is not None:
+        assert baseline is not None
+        sha = _against_commit(args.against, baseline, log)
+        if sha is not None:
+            return _check_against(sha, baseline, args, log)
     measured = measure(names, quick=args.quick, repeats=args.repeats, log=log)
     if args.update_baseline:
         atomic_write_json(args.baseline, updated_baseline(baseline, measured, args.quick))
@@ -280,8 +340,4 @@ def main(args: argparse.Namespace) -> int:
     if base_machine:
         print(f"baseline measured on {base_machine.get('cores')} cores, {base_machine.get('processor')}, "
               f"{baseline.get('measured_at', '?')} ({baseline.get('sizes', '?')} sizes)")
-    regressions = [r.metric for r in rows if r.status == "REGRESSION"]
-    if regressions:
-        print(f"psbench regress: REGRESSION in {', '.join(regressions)}", file=sys.stderr)
-        return 1
-    return 0
+    return _verdict(rows)
