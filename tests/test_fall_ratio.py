@@ -37,3 +37,31 @@ def test_one_seed_a_side_has_no_interval(tmp_path):
                  shards=True)
     row = batch_fall_ratios(load_suite(tmp_path / "fall")).iloc[0]
     assert row["n"] == 1 and row["fall_ratio"] == pytest.approx(20.0, rel=1e-6) and row["lo"] != row["lo"]
+
+
+def test_the_plots_legends_give_the_tables_fall_ratio(tmp_path, monkeypatch):
+    """One definition of the fall (FALL_RULE): the legend of the step-time plots shows the table's
+    seed-paired geometric mean, not a ratio of median step times (here 28.8x against 20x)."""
+    import matplotlib.pyplot as plt
+
+    import psbench.bench.report.plots as plots
+
+    for seed, big_step_s in enumerate((0.02, 0.02, 0.06)):
+        for batch, step_s in ((1, 0.001), (100, big_step_s)):
+            fake_run(tmp_path, "fall", RunSpec("ps", "logreg-digits", workers=2, batch_size=batch, seed=seed),
+                     step_s=step_s, shards=True)
+    res = load_suite(tmp_path / "fall")
+    table = batch_fall_ratios(res).iloc[0]["fall_ratio"]
+    assert table == pytest.approx((20 * 20 * 60) ** (1 / 3), rel=1e-3)
+    legends: dict[str, list[str]] = {}
+
+    def keep(fig: plt.Figure, out_dir, name: str) -> list:
+        legends[name] = [text for ax in fig.axes for text in ax.get_legend_handles_labels()[1]]
+        plt.close(fig)
+        return []
+
+    monkeypatch.setattr(plots, "save", keep)
+    plots.step_time_vs_fraction(res, tmp_path)
+    plots.step_time_vs_batch(res, tmp_path)
+    assert legends["step_time_vs_fraction"] == [f"ps ({table:.3g}x)"]
+    assert legends["step_time_vs_batch"] == [f"ps ({table:.2f}x)"]

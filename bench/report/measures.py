@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -13,6 +13,9 @@ from psbench.bench.harness.results import SuiteResults
 from psbench.bench.harness.steady import (WARMUP_FRACTION, WARMUP_MIN_STEPS, WARMUP_RULE, steady_rate,  # noqa: F401
                                          steady_window, step_intervals, warmup_mask)
 from psbench.core.records import STEP_TIME_COLUMNS
+
+if TYPE_CHECKING:
+    from psbench.bench.report.stats import PairedT
 
 # A run below either minimum is too short to compare: its throughput is start-up and scheduler noise.
 MIN_STEPS_PER_WORKER = 200
@@ -151,8 +154,6 @@ def batch_fall_ratios(res: SuiteResults) -> pd.DataFrame:
     at both ends, the mean per-mini-batch time there, the fall ratio largest ÷ smallest with its
     interval and n (FALL_RULE), and the median compute / emulated / comm / wait seconds per step at
     both ends (why a time does or does not fall)."""
-    from psbench.bench.report.stats import paired_log_ratio_t
-
     if res.runs.empty or res.steps.empty:
         return pd.DataFrame()
     fractions = batch_fractions(res)
@@ -178,13 +179,25 @@ def batch_fall_ratios(res: SuiteResults) -> pd.DataFrame:
             for col in STEP_TIME_COLUMNS:
                 values = kept[col].dropna()
                 row[f"{end}_{col}"] = float(values.median()) if len(values) else math.nan
-        seeds = per_seed["largest"].index.intersection(per_seed["smallest"].index)
-        large = per_seed["largest"].groupby(level=0).mean().reindex(seeds)
-        small = per_seed["smallest"].groupby(level=0).mean().reindex(seeds)
-        t = paired_log_ratio_t(large.to_numpy(), small.to_numpy())
+        t = fall_ratio(group, means)
         row.update(fall_ratio=t.estimate, lo=t.lo, hi=t.hi, n=t.n)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def fall_ratio(runs: pd.DataFrame, means: pd.Series) -> PairedT:
+    """FALL_RULE over `runs` (one system's runs at two or more batch sizes): each seed's mean step
+    (`means`, from run_step_means) at the largest batch ÷ at the smallest, the geometric mean over
+    the seeds with both ends, with its t interval. The report's table and its plots' legends both
+    take this one definition."""
+    from psbench.bench.report.stats import paired_log_ratio_t
+
+    per_seed = {end: runs[runs["batch_size"] == batch].assign(mean=lambda r: means.reindex(r["run_id"]).to_numpy())
+                .groupby("seed")["mean"].mean()
+                for end, batch in (("largest", runs["batch_size"].max()), ("smallest", runs["batch_size"].min()))}
+    seeds = per_seed["largest"].index.intersection(per_seed["smallest"].index)
+    return paired_log_ratio_t(per_seed["largest"].reindex(seeds).to_numpy(),
+                              per_seed["smallest"].reindex(seeds).to_numpy())
 
 
 def time_breakdown(res: SuiteResults) -> pd.DataFrame:

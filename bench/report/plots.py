@@ -8,6 +8,7 @@ colour and differ in line style and marker.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -23,7 +24,7 @@ import pandas as pd  # noqa: E402
 from psbench.core.atomic import atomic_write  # noqa: E402
 from psbench.core.records import STEP_TIME_COLUMNS  # noqa: E402
 from psbench.bench.harness.results import SuiteResults  # noqa: E402
-from psbench.bench.report.measures import annotate, time_breakdown as run_breakdowns  # noqa: E402
+from psbench.bench.report.measures import annotate, fall_ratio, run_step_means, time_breakdown as run_breakdowns  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "psbench", "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
                      "axes.spines.top": False, "axes.spines.right": False, "legend.fontsize": 8})
@@ -248,13 +249,16 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
     if runs.empty or runs.groupby("label")["batch_size"].nunique().max() < 2:
         return []
 
+    means = run_step_means(res)
+
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
         for name, label, rows, k in series(runs[runs["workload"] == workload], ["workers", "sharding", "conditions"]):
             agg = rows.groupby("batch_size")["median_step_s"].median().reset_index()
             if len(agg) < 2:
                 continue
-            reduction = agg["median_step_s"].iloc[-1] / agg["median_step_s"].iloc[0]
-            ax.plot(agg["batch_size"], agg["median_step_s"] * 1000, label=f"{name} ({reduction:.2f}x)", **style(label, k))
+            reduction = fall_ratio(rows, means).estimate  # the report table's definition (FALL_RULE)
+            ax.plot(agg["batch_size"], agg["median_step_s"] * 1000, label=_with_ratio(name, reduction, ".2f"),
+                    **style(label, k))
         log2_x(ax, runs["batch_size"].unique())
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
@@ -267,11 +271,17 @@ def step_time_vs_batch(res: SuiteResults, out_dir: Path) -> list[Path]:
                         sorted(runs["workload"].unique()), draw)
 
 
+def _with_ratio(name: str, ratio: float, spec: str) -> str:
+    """A legend entry with its fall ratio; no ratio where no seed ran both ends."""
+    return f"{name} ({ratio:{spec}}x)" if math.isfinite(ratio) else f"{name} (no seed at both ends)"
+
+
 def step_time_vs_fraction(res: SuiteResults, out_dir: Path) -> list[Path]:
     """Per-mini-batch time vs the mini-batch as a fraction of the data, log-log (Kassela et al. 2019
     vary MLlib's miniBatchFraction); a system's legend gives its fall ratio (largest ÷ smallest)."""
     from psbench.bench.report.measures import batch_fractions
 
+    means = run_step_means(res)
     runs = res.runs.dropna(subset=["median_step_s"]).copy()
     runs["fraction"] = runs["run_id"].map(batch_fractions(res))
     runs = runs.dropna(subset=["fraction"])
@@ -285,8 +295,8 @@ def step_time_vs_fraction(res: SuiteResults, out_dir: Path) -> list[Path]:
                 ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=f"{name} (one size)",
                         **style(label, k))
                 continue
-            fall = agg["median_step_s"].iloc[-1] / agg["median_step_s"].iloc[0]
-            ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=f"{name} ({fall:.3g}x)",
+            fall = fall_ratio(rows, means).estimate  # the report table's definition (FALL_RULE)
+            ax.plot(agg["fraction"] * 100, agg["median_step_s"] * 1000, label=_with_ratio(name, fall, ".3g"),
                     **style(label, k))
         ax.set_xscale("log")
         ax.set_yscale("log")
