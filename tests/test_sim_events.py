@@ -190,3 +190,42 @@ def test_simulate_from_results_writes_validation_and_projections(tmp_path: Path,
     assert json.loads((out / "calibration.json").read_text())["figures"]
     assert main(["simulate", "--from", str(tmp_path / "res"), "--spark-job-ms", "5"]) == 2
     assert "closed-form" in capsys.readouterr().err
+
+
+def test_a_capped_netlab_run_is_simulated_with_its_links_measured_goodput(tmp_path: Path):
+    """`psbench netlab bench`'s runs (cluster files, tc-capped namespace hosts) are checked by the
+    event model: each capped run's links get the cap's measured goodput (bandwidth.csv), the lab's
+    hosts share the recording machine's cores, and an uncapped run keeps the loopback costs alone."""
+    from psbench.bench.sim.calibrate import calibrate_from_suites
+    from psbench.bench.sim.check import check_suites, run_network
+    from psbench.bench.sim.from_results import netlab_goodput
+    from psbench.bench.sim.simulate import model_bytes
+    from psbench.core.spec import RunSpec
+    from tests.report_fixtures import fake_run
+
+    _suites(tmp_path)
+    cal = calibrate_from_suites([tmp_path / "systems"])
+    for cap in (1.0, None):
+        spec = RunSpec("ps", "mlp-digits", workers=4, batch_size=32, max_steps=40,
+                       seed=0 if cap else 1, options={"consistency": "bsp"})
+        fake_run(tmp_path, "netlab", spec, step_s=0.01, steps=40, parts={"compute_s": 0.6, "comm_s": 0.4})
+        manifest_path = tmp_path / "netlab" / spec.run_id / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest["extra"]["cluster"] = {"launcher": "netns", "hosts": [
+            {"name": name, "roles": [role], "cap_mbit": cap} for name, role in
+            [("ps0", "ps-server"), *((f"w{k}", "worker") for k in range(4))]]}
+        manifest["machine"] = {"cores": 2}
+        manifest_path.write_text(json.dumps(manifest))
+    pd.DataFrame({"cap_mbit": [1.0, None], "link_goodput_mbit": [0.9, None]}).to_csv(
+        tmp_path / "netlab" / "bandwidth.csv", index=False)
+    goodput = netlab_goodput(tmp_path)
+    assert goodput == {1.0: 0.9}
+    assert run_network({}, goodput) == (Network(), None)
+    capped = {"extra": {"cluster": {"hosts": [{"cap_mbit": 1.0}, {"cap_mbit": 5.0}, {"cap_mbit": None}]}}}
+    assert run_network(capped, goodput)[1] == 0.9 and run_network(capped, {})[1] == 1.0  # nominal when unmeasured
+    rows = check_suites([tmp_path / "netlab"], cal, goodput).frame().set_index("conditions")
+    slow = rows.loc["native, links capped (0.9 Mbit/s goodput)"]
+    # BSP through one shard: its link carries the 4 workers' pushes in and 4 replies out each step
+    wire_s = 2 * 4 * model_bytes("mlp-digits") * 8 / 0.9e6
+    assert slow["predicted_step_ms"] / 1e3 >= 0.95 * wire_s
+    assert rows.loc["native", "predicted_step_ms"] < 0.1 * slow["predicted_step_ms"]

@@ -17,7 +17,8 @@ from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
 from psbench.core.tables import table_files, read_table_file
 
-REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json"}  # written by bench.report into the suite folder
+# written into a suite folder beside its runs: by bench.report, and by `psbench netlab bench` (its table and plot)
+REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json", "bandwidth.csv", "bandwidth.png"}
 FAILED_DIR = "failed"  # <suite>/failed/<run-id>.log: the harness' log of a run that failed (runner.run_one)
 NOT_RUNS = REPORT_OUTPUTS | {FAILED_DIR}
 SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps",

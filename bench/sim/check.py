@@ -26,7 +26,7 @@ import pandas as pd
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.harness.steady import steady_rate, step_intervals, warmup_mask
 from psbench.bench.sim.calibrate import Calibration
-from psbench.bench.sim.events import SIMULATED, SimSpec, simulate_run
+from psbench.bench.sim.events import SIMULATED, Network, SimSpec, simulate_run
 from psbench.core.errors import ConfigError
 
 GOAL_MEDIAN, GOAL_MAX = 0.15, 0.30  # the issue's goal for the error of samples/s and step time
@@ -83,6 +83,9 @@ def sim_spec(run: pd.Series, res: SuiteResults, steps: pd.DataFrame) -> SimSpec:
             raise ConfigError("its switch never fired (no switch event): a sync run, not a switch")
         switch_at = float(fired["t_wall"].min())
     cores = run.get("cores")
+    manifest = res.manifests.get(run["run_id"]) or {}
+    if (cores is None or cores != cores) and _cluster(manifest).get("launcher") in ("netns", "local"):
+        cores = (manifest.get("machine") or {}).get("cores")  # every host of the lab shares the one machine
     kept = steps[warmup_mask(steps)] if len(steps) else steps
     return SimSpec(system=system, workload=run["workload"], workers=int(run["workers"]),
                    batch_size=int(run["batch_size"]), seed=int(run["seed"]), consistency=consistency,
@@ -94,6 +97,25 @@ def sim_spec(run: pd.Series, res: SuiteResults, steps: pd.DataFrame) -> SimSpec:
                    samples_per_step=float(kept["n_samples"].mean()) if len(kept) else None)
 
 
+def _cluster(manifest: dict[str, Any]) -> dict[str, Any]:
+    cluster = (manifest.get("extra") or {}).get("cluster")
+    return cluster if isinstance(cluster, dict) else {}
+
+
+def run_network(manifest: dict[str, Any], goodput_mbit: dict[float, float] | None = None) -> tuple[Network, float | None]:
+    """The links a run had beyond this machine's loopback (which the calibrated round trip holds):
+    a cluster-file run with `tc`-capped hosts (psbench netlab bench) gets its cap's measured TCP
+    goodput (bandwidth.csv's link_goodput_mbit; the nominal cap when none was measured) as every
+    link's bandwidth, full duplex. (Network, link Mbit/s), or (Network(), None) when uncapped."""
+    caps = [float(h["cap_mbit"]) for h in _cluster(manifest).get("hosts") or []
+            if isinstance(h, dict) and isinstance(h.get("cap_mbit"), (int, float)) and h["cap_mbit"] > 0]
+    if not caps:
+        return Network(), None
+    cap = min(caps)
+    mbit = (goodput_mbit or {}).get(cap, cap)
+    return Network(bandwidth_Bps=mbit * 1e6 / 8), mbit
+
+
 def _parts(steps: pd.DataFrame) -> tuple[float, float]:
     """Median device part (compute + emulated) and system part (comm + wait + update) per step."""
     kept = steps[warmup_mask(steps)]
@@ -102,7 +124,9 @@ def _parts(steps: pd.DataFrame) -> tuple[float, float]:
     return float(device.median()), float(system.median())
 
 
-def check_suite(res: SuiteResults, cal: Calibration) -> Check:
+def check_suite(res: SuiteResults, cal: Calibration, goodput_mbit: dict[float, float] | None = None) -> Check:
+    """Every run of a suite simulated and compared; `goodput_mbit`: a capped link's measured goodput
+    by its cap (run_network)."""
     rows, skipped = [], []
     for _, run in res.runs.iterrows():
         run_id = run["run_id"]
@@ -118,7 +142,8 @@ def check_suite(res: SuiteResults, cal: Calibration) -> Check:
         except ConfigError as exc:
             skipped.append((run_id, str(exc)))
             continue
-        sim = simulate_run(spec, costs, sync_costs=sync_costs)
+        net, link_mbit = run_network(res.manifests.get(run_id) or {}, goodput_mbit)
+        sim = simulate_run(spec, costs, net, sync_costs=sync_costs)
         sim_steps = pd.DataFrame(sim.steps)
         if measured_steps.empty or sim_steps.empty:
             skipped.append((run_id, "no steps"))
@@ -135,7 +160,8 @@ def check_suite(res: SuiteResults, cal: Calibration) -> Check:
         misses = {"device (compute + emulated)": abs(sim_device - device), "system (comm + wait + update)": abs(sim_system - system)}
         rows.append({
             "suite": res.suite, "run_id": run_id, "label": run["label"], "workload": run["workload"],
-            "workers": int(run["workers"]), "conditions": run["conditions"],
+            "workers": int(run["workers"]), "conditions": run["conditions"] if link_mbit is None else
+            f"{run['conditions']}, links capped ({link_mbit:.4g} Mbit/s goodput)",
             "calibration_run": int(run["workers"]) == 1,
             "measured_samples_per_s": measured_rate, "predicted_samples_per_s": predicted_rate,
             "samples_per_s_error": (predicted_rate - measured_rate) / measured_rate,
@@ -148,10 +174,10 @@ def check_suite(res: SuiteResults, cal: Calibration) -> Check:
     return Check(rows, skipped)
 
 
-def check_suites(suite_dirs: list[Path], cal: Calibration) -> Check:
+def check_suites(suite_dirs: list[Path], cal: Calibration, goodput_mbit: dict[float, float] | None = None) -> Check:
     rows, skipped = [], []
     for path in suite_dirs:
-        part = check_suite(load_suite(path), cal)
+        part = check_suite(load_suite(path), cal, goodput_mbit)
         rows += part.rows
         skipped += part.skipped
     if not rows:
@@ -161,11 +187,12 @@ def check_suites(suite_dirs: list[Path], cal: Calibration) -> Check:
 
 
 def by_variant(check: Check) -> pd.DataFrame:
-    """The error per system variant and worker count (median over seeds), for the note and report."""
+    """The error per system variant, worker count and conditions (median over seeds), for the note and report."""
     df = check.frame()
     if df.empty:
         return df
-    return (df.groupby(["suite", "label", "workload", "workers"])
+    # conditions too: runs under other conditions (a capped link, stragglers) are never pooled
+    return (df.groupby(["suite", "label", "workload", "workers", "conditions"])
               .agg(runs=("run_id", "size"), measured=("measured_samples_per_s", "median"),
                    predicted=("predicted_samples_per_s", "median"), error=("samples_per_s_error", "median"),
                    step_error=("step_s_error", "median"), misses=("term_that_misses", lambda s: statistics.mode(s)))

@@ -1,5 +1,7 @@
 """`psbench simulate --from RESULTS`: the event model calibrated from a results folder's suites,
-checked against every run of its systems and switch suites, and projected (project.py). Writes
+checked against every run of its systems and switch suites (and of `psbench netlab bench`'s
+tc-capped runs, each with its links' measured goodput, when RESULTS holds them), and projected
+(project.py). Writes
 into the output folder: calibration.json, validation.csv (a row per run), projection.csv,
 gap.csv, shards.csv, setups.csv, anchors.csv, report.md and the plots, each naming its commit."""
 from __future__ import annotations
@@ -16,8 +18,11 @@ from psbench.bench.sim.check import GOAL_MAX, GOAL_MEDIAN, by_variant, check_sui
 from psbench.core.atomic import atomic_write, atomic_write_csv, atomic_write_text
 from psbench.core.errors import ConfigError
 
-CALIBRATION_SUITES = ("systems", "switch", "throughput")  # per-step costs at 1 worker, allreduce, Spark's growth
-CHECKED_SUITES = ("systems", "switch")                   # every run predicted
+# per-step costs at 1 worker, allreduce, Spark's growth; netlab-calibration: the bandwidth experiment's
+# workload on loopback (bench/experiments/extra/netlab_calibration.toml), when a user ran it
+CALIBRATION_SUITES = ("systems", "switch", "throughput", "netlab-calibration")
+# every run predicted; netlab: `psbench netlab bench`'s tc-capped namespace runs, when present
+CHECKED_SUITES = ("systems", "switch", "netlab")
 WORKLOAD = "mlp-digits"                                  # the one every system of these suites runs
 SWITCH_STRAGGLERS = "slow:1=2.5+transient:p=0.01,ms=200"  # bench/experiments/switch.toml's
 
@@ -41,6 +46,15 @@ def _md(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def netlab_goodput(root: Path) -> dict[float, float]:
+    """cap Mbit/s -> the TCP goodput measured through it, from the bandwidth experiment's table."""
+    table = root / "netlab" / "bandwidth.csv"
+    if not table.is_file():
+        return {}
+    frame = pd.read_csv(table).dropna(subset=["cap_mbit", "link_goodput_mbit"])
+    return {float(c): float(g) for c, g in zip(frame["cap_mbit"], frame["link_goodput_mbit"])}
+
+
 def simulate_results(root: Path, out: Path, stamp: dict[str, Any], max_workers: int = 1024) -> dict[str, Any]:
     calibration_dirs = _suites(root, CALIBRATION_SUITES)
     checked_dirs = _suites(root, CHECKED_SUITES)
@@ -48,7 +62,7 @@ def simulate_results(root: Path, out: Path, stamp: dict[str, Any], max_workers: 
         raise ConfigError(f"--from {root}: none of the suites {', '.join(CALIBRATION_SUITES)} has runs there "
                           f"(`make bench` writes them)")
     cal = calibrate_from_suites(calibration_dirs)
-    check = check_suites(checked_dirs, cal) if checked_dirs else None
+    check = check_suites(checked_dirs, cal, netlab_goodput(root)) if checked_dirs else None
     out.mkdir(parents=True, exist_ok=True)
     sha = stamp.get("git_sha")
     atomic_write_text(out / "calibration.json", cal.to_json(stamp))
