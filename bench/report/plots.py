@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 import zlib
 from pathlib import Path
 from typing import Callable, Iterator
@@ -507,7 +508,8 @@ def switch_map(res: SuiteResults, out_dir: Path) -> list[Path]:
             ax.text(xs.index(c["workers"]), ys.index(c["conditions"]), f"{c['speedup']:.2f}x\n{c['acc']:+.1f} pp",
                     ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(xs)), [str(x) for x in xs])
-        ax.set_yticks(range(len(ys)), ys, fontsize=7)
+        # wrapped: a conditions label ('device ..., stragglers ...') would run into the next panel
+        ax.set_yticks(range(len(ys)), [textwrap.fill(y, 24) for y in ys], fontsize=7)
         ax.set(title=f"{panel[0]}: {panel[1]}", xlabel="workers")
         plt.colorbar(image, ax=ax, label="log2 speed-up to target vs fastest sync")
 
