@@ -233,3 +233,41 @@ def test_a_batch_sweep_is_not_a_throughput_finding(tmp_path):
     names = [f.finding for f in thesis.findings(load_suite(_sweep_suite(tmp_path, lambda b: 1e-4 + 2e-4 * b,
                                                                          lambda b: 0.1 + 1e-5 * b)))]
     assert len(names) == 1 and names[0].startswith("per-mini-batch time")
+
+
+def test_the_regime_map_draws_each_cell_where_switching_and_asp_pay_or_not(tmp_path, monkeypatch):
+    """The switch map (issue 26's heatmap): per workload one panel for pure ASP and one for the best
+    switch variant, a cell per worker count and conditions, each annotated with the speed-up over
+    the fastest sync system; here the async side is faster under a straggler and slower without."""
+    import matplotlib.pyplot as plt
+
+    import psbench.bench.report.plots as plots
+
+    for workers in (4, 8):
+        for stragglers, async_step_s in ((None, 0.008), ("slow:1=2.5", 0.002)):
+            for seed in (0, 1, 2, 3, 100):
+                common = dict(workload="mlp-digits", workers=workers, seed=seed, batch_size=16, stragglers=stragglers)
+                jitter = 1 + 0.01 * (seed % 5)
+                fake_run(tmp_path, "map", RunSpec("ddp", **common), step_s=0.004 * jitter, target=0.8)
+                fake_run(tmp_path, "map", RunSpec("ps", **common, options={"consistency": "bsp"}),
+                         step_s=0.005 * jitter, target=0.8)
+                fake_run(tmp_path, "map", RunSpec("ps", **common, options={"consistency": "asp"}),
+                         step_s=async_step_s * jitter, target=0.8)
+                fake_run(tmp_path, "map", RunSpec("switch", **common, options={"criterion": "fixed:fraction=0.3"}),
+                         step_s=async_step_s * 1.2 * jitter, switch_at=6, target=0.8)
+    drawn: dict[str, list[str]] = {}
+
+    def keep(fig: plt.Figure, out_dir, name: str) -> list:
+        drawn["titles"] = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        drawn["cells"] = [(round(t.get_position()[1]), t.get_text()) for ax in fig.axes for t in ax.texts]
+        drawn["rows"] = [t.get_text() for ax in fig.axes[:1] for t in ax.get_yticklabels()]
+        plt.close(fig)
+        return []
+
+    monkeypatch.setattr(plots, "save", keep)
+    plots.switch_map(load_suite(tmp_path / "map"), tmp_path)
+    assert drawn["titles"] == ["mlp-digits: pure ASP", "mlp-digits: switch (best variant)"]
+    assert len(drawn["cells"]) == 8 and all(text.count("pp") == 1 for _, text in drawn["cells"])
+    assert drawn["rows"] == ["native", "stragglers slow:1=2.5"]
+    speedup = {row: sorted(float(text.split("x")[0]) for r, text in drawn["cells"] if r == row) for row in (0, 1)}
+    assert max(speedup[0]) < 1 < min(speedup[1]), speedup  # async pays under the straggler only
