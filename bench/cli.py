@@ -27,7 +27,7 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
                "suites of a results folder (writes RESULTS_DIR/thesis.md)"),
     "compare": ("psbench.bench.report.compare", "compare two result sets (suites, runs, results roots): ratios B/A "
                 "with bootstrap intervals, matched by run spec"),
-    "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios against bench/regress/baselines/regress.json"),
+    "regress": ("psbench.bench.regress.check", "CI regression check of throughput ratios: against the baseline commit measured side by side (--against), or the stored values in bench/regress/baselines/regress.json"),
     "ps-server": ("psbench.systems.ps.server", "run one parameter-server shard (for multi-host runs by hand)"),
     "ps-worker": ("psbench.systems.ps.worker", "run one parameter-server worker against running shards"),
     "spark-cluster": ("psbench.bench.lab.spark_cluster", "a Spark standalone cluster (master + workers) on loopback or "

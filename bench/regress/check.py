@@ -3,7 +3,9 @@
 A benchmark is a function returning {metric: ratio} (e.g. PS samples/s ÷ single samples/s, measured
 in the same run), so its value carries across machines and loads where an absolute time would not.
 Each is repeated and the median kept; the medians are compared with bench/regress/baselines/regress.json
-(value, tolerance and direction per metric, and the machine it was measured on).
+(value, tolerance and direction per metric, and the machine it was measured on), or, with
+`--against [REV]` (what `make regress` and CI do), with the baseline's commit measured now on this
+machine beside this checkout (side_by_side.py): a ratio still shifts from one processor to another.
 
 A metric's tolerance comes from its own measured spread: the baseline keeps the repeats it was
 measured from, and `--update-baseline` sets tolerance = max(floor, mads x spread), spread being the
