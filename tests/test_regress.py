@@ -133,25 +133,25 @@ def test_the_committed_baseline_follows_its_tolerance_rule():
     assert min(baseline["metrics"][f"ps.asp1_vs_echo_{w}"]["tolerance"] for w in ("cnn_mnist1d", "mlp_digits")) < 0.15
 
 
-@pytest.mark.slow  # ~200 s of benchmark repeats: `make test-slow` (CI runs it)
-def test_against_a_commit_a_20_percent_ps_slowdown_fails_and_an_unchanged_checkout_passes(monkeypatch, capsys):
+@pytest.mark.slow  # ~110 s of benchmark repeats: `make test-slow` (CI runs it)
+def test_against_a_commit_a_20_percent_ps_slowdown_fails_and_the_untouched_metrics_pass(monkeypatch, capsys):
     """`make regress`'s way: the committed HEAD installed in a temporary venv and measured on this
     machine beside this checkout, interleaved. Made 20% slower here (PSBENCH_REGRESS_PS_SLOWDOWN,
-    tests only, which reaches this checkout's side alone), the PS metrics fail; unchanged, it passes."""
+    tests only, which reaches this checkout's side alone), the metrics with the PS in them fail and
+    the ones without it (the raw echo against single) pass in the same run. (That the whole gate
+    passes on unchanged code is `make regress` itself, which CI runs.)"""
     from psbench.bench.regress.ps_benchmarks import SLOWDOWN_ENV
 
-    check = ["regress", "--only", "ps", "--quick", "--against", "HEAD"]
     monkeypatch.setenv(SLOWDOWN_ENV, "0.2")
-    assert main(check) == 1
+    assert main(["regress", "--only", "ps", "--quick", "--against", "HEAD"]) == 1
     out, err = capsys.readouterr()
-    slowed = _measured_rows(out)
-    flagged = {m for m, (_, state) in slowed.items() if state == "REGRESSION"}
-    assert flagged and flagged <= {m for m in slowed if m.startswith("ps.asp1_")}, out  # the PS side's only
+    rows = _measured_rows(out)
+    flagged = {m for m, (_, state) in rows.items() if state == "REGRESSION"}
+    assert flagged and flagged <= {m for m in rows if m.startswith("ps.asp1_")}, out  # the PS side's only
+    assert {state for m, (_, state) in rows.items() if m.startswith("ps.echo_")} == {"ok"}, out
     assert f"REGRESSION in {', '.join(sorted(flagged))}" in err
     assert "measured on this machine beside this checkout, 5 interleaved repeat(s) each" in out
     assert "installing" in err and err.count("this checkout") == 5
-    monkeypatch.delenv(SLOWDOWN_ENV)
-    assert main(check) == 0, capsys.readouterr().out
 
 
 def test_the_slowdown_knob_takes_a_fraction_only(monkeypatch, capsys):
