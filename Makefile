@@ -37,9 +37,10 @@ bench-quick: setup
 	$(BIN)/psbench bench --quick --results-dir $(RESULTS)
 
 # Throughput ratios of this checkout against the baseline's commit (git_sha in
-# bench/regress/baselines/regress.json), both measured here side by side; non-zero exit on a regression.
+# bench/regress/baselines/regress.json), both measured here side by side, 4 interleaved repeats a side
+# (5 by default: one fewer keeps CI under 40 minutes); non-zero exit on a regression.
 regress: setup
-	$(BIN)/psbench regress --quick --against
+	$(BIN)/psbench regress --quick --against --repeats 4
 
 # Micro-benchmarks under pytest-benchmark (tests/microbench): saves the run's JSON in .benchmarks/
 # and, when an earlier save exists, compares with it and fails on a slowdown beyond MICROBENCH_FAIL.
