@@ -106,7 +106,8 @@ def run_network(manifest: dict[str, Any], goodput_mbit: dict[float, float] | Non
     """The links a run had beyond this machine's loopback (which the calibrated round trip holds):
     a cluster-file run with `tc`-capped hosts (psbench netlab bench) gets its cap's measured TCP
     goodput (bandwidth.csv's link_goodput_mbit; the nominal cap when none was measured) as every
-    link's bandwidth, full duplex. (Network, link Mbit/s), or (Network(), None) when uncapped."""
+    link's bandwidth (the model's link: events.Network). (Network, link Mbit/s), or (Network(), None)
+    when uncapped."""
     caps = [float(h["cap_mbit"]) for h in _cluster(manifest).get("hosts") or []
             if isinstance(h, dict) and isinstance(h.get("cap_mbit"), (int, float)) and h["cap_mbit"] > 0]
     if not caps:
