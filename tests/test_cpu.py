@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from psbench.core.cpu import (CORES_ENV, LAUNCHER, Proc, TreeSampler, active_spans, cgroup_quota, classifier,
@@ -104,8 +105,14 @@ def test_sampler_counts_a_child_that_exited_under_its_role():
         t1, own = time.time(), _own_cpu_s() - own0
     burned = float(out.stdout)
     cpu = sampler.cpu_between([(t0, t1)])
-    assert 0.9 <= cpu["burner"] / burned <= 1.1, (cpu, burned)
-    assert cpu.get(LAUNCHER, 0.0) <= own + 0.05 * burned, (cpu, own)
+    # The sampler's stated resolution: what the child burns after its last sample goes to its reaper
+    # (this process), at most one sampling gap of one core; the gap is the one measured (a loaded
+    # machine stretches the 50 ms), plus two clock ticks of /proc's 10 ms figures.
+    times = [t for t, _ in sampler.samples if t0 <= t <= t1]
+    resolution = max(np.diff(times)) + 0.02
+    misplaced = cpu.get(LAUNCHER, 0.0) - own
+    assert burned - resolution <= cpu["burner"] <= 1.1 * burned, (cpu, burned, resolution)
+    assert misplaced <= resolution, (cpu, own, resolution)
     assert measured_cores(cpu, t1 - t0)["total"] == pytest.approx(sum(cpu.values()) / (t1 - t0), abs=1e-3)
 
 

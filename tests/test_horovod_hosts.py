@@ -16,7 +16,8 @@ from psbench.core.tables import read_table
 from psbench.systems.horovod.adapter import HorovodSystem
 
 REASON = netlab.unavailable_reason() or sshlab.unavailable_reason() or HorovodSystem.unavailable_reason()
-pytestmark = [pytest.mark.netns, pytest.mark.horovod,
+# slow: sshd hosts in namespaces and horovodrun, ~12 s: `make test-slow` (CI runs it)
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.horovod,
               pytest.mark.skipif(REASON is not None, reason=f"horovod across hosts: {REASON}")]
 
 

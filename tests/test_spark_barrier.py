@@ -10,6 +10,7 @@ from spark_helpers import LOCAL2, final_val_accuracy, run_system, spark_session 
 pytestmark = pytest.mark.spark
 
 
+@pytest.mark.slow  # ~35 s (72 barrier stages): `make test-slow`, which CI runs
 def test_trains_mlp_digits_with_two_workers_and_records_overheads():
     rec = run_system("spark-barrier", batch_size=64, lr=0.3, epochs=3, options=LOCAL2)
     assert final_val_accuracy(rec) >= 0.85

@@ -94,16 +94,24 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     """Median CPU time of one mini-batch of the spec's workload here (1 thread), measured once per
     (workload, batch): what an emulated device's target is compared with. CPU time, not wall time,
     so a busy machine does not inflate it. Returns (seconds, the model's parameter count)."""
-    from psbench.systems.common import configure_threads, forward_backward, prepare
+    import numpy as np
+    import torch
 
-    key = (spec.workload, spec.batch_size or get_workload(spec.workload).batch_size)  # prepare()'s batch size
-    if key not in _COMPUTE_CACHE:  # looked up first: preparing loads the data and shards it (~80 ms)
-        prep = prepare(RunSpec(spec.system, spec.workload, batch_size=key[1], max_steps=12, epochs=100,
-                               data_dir=spec.data_dir))
+    from psbench.systems.common import configure_threads, forward_backward
+
+    workload = get_workload(spec.workload)
+    key = (spec.workload, spec.batch_size or workload.batch_size)
+    if key not in _COMPUTE_CACHE:  # looked up first: loading the data takes up to seconds (higgs-10m)
+        data, batch = workload.load_data(data_dir=spec.data_dir), key[1]
         configure_threads(1)
-        model, loss_fn = prep.build_model(), prep.workload.loss_fn()
+        model, loss_fn = workload.build_model(data, spec.seed), workload.loss_fn()
+        # Random rows, gathered into a fresh array as a worker's batch is (Prepared.batches), without
+        # sharding or shuffling the whole set first: 10M rows would cost seconds, more than measuring.
+        rng, n = np.random.default_rng(spec.seed), len(data.y_train)
         times = []
-        for _, x, y in prep.batches(0):
+        for _ in range(12):
+            idx = np.sort(rng.integers(0, n, size=min(batch, n)))  # a repeat now and then costs the same
+            x, y = torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
             t = time.thread_time()
             forward_backward(model, loss_fn, x, y)
             times.append(time.thread_time() - t)
