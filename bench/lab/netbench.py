@@ -7,13 +7,15 @@ communication matters (mlp-wide-synthetic, 4.3 MB). Each process is its own name
 The classic result: the PS server's one link carries N models in and N out per step, so under a cap
 its throughput falls as 1/N of the link, while the ring moves 2(N-1)/N models per host in parallel.
 Output: results/netlab/bandwidth.{csv,png} (atomic) and one run folder per (system, cap) under
-results/netlab/ for the report. samples/s is the steady state: every worker past its first
-`warmup` steps, over the span where all workers run (staggered process starts excluded).
+results/netlab/ for the report. samples/s is the steady state under the suite's one warm-up rule
+(bench/harness/steady.py: each worker past its first 10% of steps, over the span where all workers
+run, so staggered process starts are excluded), the rule the report and the scale model's check use.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +23,14 @@ from typing import Any
 
 import pandas as pd
 
+from psbench.bench.harness.steady import steady_rate
 from psbench.bench.lab.cluster import ClusterFile, Host, recorded_spec, run_file
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 from psbench.core.tables import read_table
 
 SUITE = "netlab"
+MIN_STEPS = 5  # a warm-up step and a few after it, for a steady window
 WORKLOAD = "mlp-wide-synthetic"
 
 
@@ -50,28 +54,19 @@ def cluster_for(s: Setting, workers: int, steps: int, port: int, seed: int = 0) 
     return ClusterFile("netns", spec, tuple(hosts), SUITE, port, 900.0, source="psbench.bench.lab.netbench")
 
 
-def steady_rate(steps: pd.DataFrame, warmup: int) -> float:
-    """Samples/s over the span where every worker is past its warm-up steps and still running."""
-    per = steps.sort_values("t_wall").groupby("worker")
-    start = max(g["t_wall"].iloc[min(warmup, len(g)) - 1] if warmup else 0.0 for _, g in per)
-    end = min(g["t_wall"].iloc[-1] for _, g in per)
-    window = steps[(steps["t_wall"] > start) & (steps["t_wall"] <= end)]
-    if end <= start or window.empty:
-        raise ConfigError("netbench: too few steps for a steady-state window; raise --steps")
-    return float(window["n_samples"].sum() / (end - start))
-
-
-def run_setting(s: Setting, workers: int, steps: int, warmup: int, results_dir: Path, port: int,
-                resume: bool) -> dict[str, Any]:
+def run_setting(s: Setting, workers: int, steps: int, results_dir: Path, port: int, resume: bool) -> dict[str, Any]:
     cf = cluster_for(s, workers, steps, port)
     run_file(cf, results_dir, resume=resume)
     run_dir = Path(results_dir) / SUITE / recorded_spec(cf).run_id
     manifest = json.loads((run_dir / "manifest.json").read_text())
     steps_df = read_table(run_dir, "steps")
+    rate = steady_rate(steps_df)
+    if not math.isfinite(rate):
+        raise ConfigError("netbench: too few steps for a steady-state window; raise --steps")
     return {"system": s.system, "label": s.label, "consistency": s.consistency if s.system == "ps" else "",
             "cap_mbit": s.cap_mbit, "workers": workers, "steps": steps,
             "batch_size": int(steps_df["n_samples"].median()),
-            "samples_per_s": steady_rate(steps_df, warmup),
+            "samples_per_s": rate,
             "samples_per_s_whole_run": manifest["summary"]["samples_per_s"],
             "bytes_per_step": float(steps_df["bytes"].median()), "run_id": manifest["run_id"]}
 
@@ -99,14 +94,14 @@ def settings(caps: list[float | None], consistencies: list[str]) -> list[Setting
     return [x for cap in caps for x in [Setting("ps", cap, c) for c in consistencies] + [Setting("ddp", cap)]]
 
 
-def run_bench(caps: list[float | None], workers: int = 4, steps: int = 30, warmup: int = 3,
+def run_bench(caps: list[float | None], workers: int = 4, steps: int = 30,
               consistencies: tuple[str, ...] = ("bsp",), results_dir: Path = Path("results"),
               port: int = 29600, resume: bool = True) -> pd.DataFrame:
     rows = []
     for s in settings(list(caps), list(consistencies)):
         cap = f"{s.cap_mbit:g} Mbit/s" if s.cap_mbit else "uncapped"
         print(f"netbench: {s.label}, {workers} workers, {cap}", file=sys.stderr)
-        rows.append(run_setting(s, workers, steps, warmup, results_dir, port, resume))
+        rows.append(run_setting(s, workers, steps, results_dir, port, resume))
     table = pd.DataFrame(rows)
     goodput = {c: link_goodput_mbit(c) for c in caps if c}
     table["link_goodput_mbit"] = [goodput.get(c) if c == c else None for c in table["cap_mbit"]]
@@ -192,15 +187,15 @@ def main(args: argparse.Namespace) -> int:
     if reason:
         raise ConfigError(f"the bandwidth experiment needs network namespaces: {reason}")
     if args.quick:
-        caps, steps, modes, warmup = [100.0, None], 8, ["bsp"], 2
+        caps, steps, modes = [100.0, None], 8, ["bsp"]
     else:
-        caps, steps, modes, warmup = parse_caps(args.caps), args.steps, args.ps_consistency.split(","), 3
-    if args.workers < 2 or steps < warmup + 3:
-        raise ConfigError(f"need --workers >= 2 and --steps >= {warmup + 3}")
+        caps, steps, modes = parse_caps(args.caps), args.steps, args.ps_consistency.split(",")
+    if args.workers < 2 or steps < MIN_STEPS:
+        raise ConfigError(f"need --workers >= 2 and --steps >= {MIN_STEPS}")
     for m in modes:
         if m not in ("bsp", "asp"):
             raise ConfigError(f"--ps-consistency: '{m}' is not bsp or asp")
-    table = run_bench(caps, args.workers, steps, warmup, tuple(modes), args.results_dir, resume=not args.no_resume)
+    table = run_bench(caps, args.workers, steps, tuple(modes), args.results_dir, resume=not args.no_resume)
     paths = write_outputs(table, Path(args.results_dir) / SUITE)
     with pd.option_context("display.width", 160, "display.float_format", "{:.2f}".format):
         print(table[["label", "cap_mbit", "workers", "samples_per_s", "samples_per_s_whole_run", "ddp_over_this"]]

@@ -728,6 +728,18 @@ def _frame_strings(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.apply(lambda col: col.map(_fmt)) if len(frame) else frame
 
 
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A table in Markdown, its cells written as the report writes them (_fmt); '_(none)_' when empty.
+    The one writer: the scale model's report uses it too."""
+    if frame.empty:
+        return "_(none)_"
+    cells = _frame_strings(frame)
+    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(esc(c) for c in cells.columns) + " |", "|" + "|".join("---" for _ in cells.columns) + "|"]
+    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for _, row in cells.iterrows()]
+    return "\n".join(lines)
+
+
 def render_markdown(res: SuiteResults, blocks: list[Block]) -> str:
     out = [f"# psbench report: suite `{res.suite}`", ""]
     for b in blocks:
@@ -738,13 +750,7 @@ def render_markdown(res: SuiteResults, blocks: list[Block]) -> str:
         elif b.kind == "p" and b.text:
             out += [b.text, ""]
         elif b.kind == "table":
-            cells = _frame_strings(b.table)
-            esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-            out.append("| " + " | ".join(esc(c) for c in cells.columns) + " |")
-            out.append("|" + "|".join("---" for _ in cells.columns) + "|")
-            for _, row in cells.iterrows():
-                out.append("| " + " | ".join(esc(v) for v in row) + " |")
-            out.append("")
+            out += [markdown_table(b.table), ""]
         elif b.kind == "image":
             out += [f"![{b.text}](plots/{b.path.name}) ([SVG](plots/{b.path.with_suffix('.svg').name}))", ""]
     return "\n".join(out)

@@ -6,12 +6,12 @@ into the output folder: calibration.json, validation.csv (a row per run), projec
 gap.csv, shards.csv, setups.csv, anchors.csv, report.md and the plots, each naming its commit."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from psbench.bench.report.document import markdown_table
 from psbench.bench.sim import project
 from psbench.bench.sim.calibrate import calibrate_from_suites
 from psbench.bench.sim.check import GOAL_MAX, GOAL_MEDIAN, by_variant, check_suites
@@ -31,19 +31,8 @@ def _suites(root: Path, names: tuple[str, ...]) -> list[Path]:
     return [root / n for n in names if any((root / n).glob("*/manifest.json"))]
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    if isinstance(value, float):
-        return "–" if math.isnan(value) else f"{value:.{digits}g}"
-    return str(value)
-
-
 def _md(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "_(none)_\n"
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines) + "\n"
+    return markdown_table(df) + "\n"
 
 
 def netlab_goodput(root: Path) -> dict[float, float]:
