@@ -193,6 +193,13 @@ def test_side_by_side_tolerance_comes_from_the_noisier_side():
     rows = compare(base, here)
     assert [status(rows, m) for m in ("m.steady", "m.noisy_here", "m.gone", "m.new")] == \
         ["REGRESSION", "ok", "not measured", "new"]
+    # the run says which metrics it could have caught a 20% slow-down on: m.noisy_here's tolerance
+    # (4 x MAD 0.1 / median 1.2 = 33%) lets one through; m.gone and m.new were not compared
+    line = regress.gate_coverage(rows)
+    assert line.startswith("this run gates a 20% slow-down on 1 of 2 metrics"), line
+    assert "too noisy here to: m.noisy_here (±33%)" in line and "m.gone" not in line
+    steady = [r for r in rows if r.metric == "m.steady"]
+    assert regress.gate_coverage(steady) == "this run gates a 20% slow-down on 1 of 1 metrics"
 
 
 def _measured_rows(table: str) -> dict[str, tuple[float, str]]:

@@ -186,6 +186,21 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+GATED_CHANGE = 0.20  # the slow-down the gate is meant to catch (issue 29)
+
+
+def gate_coverage(rows: list[Row], change: float = GATED_CHANGE) -> str:
+    """Which metrics this run could have caught a `change` slow-down on (tolerance under it): a
+    metric whose repeats were too noisy here passes anything smaller than its tolerance, and says so."""
+    measured = [r for r in rows if r.status in ("ok", "REGRESSION", "improved")]
+    loose = [r for r in measured if r.tolerance >= change]
+    line = (f"this run gates a {change:.0%} slow-down on {len(measured) - len(loose)} of {len(measured)} "
+            f"metrics")
+    if loose:
+        line += "; too noisy here to: " + ", ".join(f"{r.metric} (±{r.tolerance:.0%})" for r in loose)
+    return line
+
+
 def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
 
@@ -291,6 +306,7 @@ def _check_against(sha: str, baseline: dict[str, Any], args: argparse.Namespace,
     print(format_table(rows))
     print(f"baseline: commit {sha[:12]} measured on this machine beside this checkout, {args.repeats} interleaved "
           f"repeat(s) each ({'quick' if args.quick else 'full'} sizes)")
+    print(gate_coverage(rows))
     return _verdict(rows)
 
 
@@ -338,6 +354,7 @@ def main(args: argparse.Namespace) -> int:
         baseline = {**baseline, "metrics": {k: v for k, v in baseline["metrics"].items() if k.startswith(prefixes)}}
     rows = compare(baseline, measured, args.tolerance)
     print(format_table(rows))
+    print(gate_coverage(rows))
     base_machine = baseline.get("machine") or {}
     if base_machine:
         print(f"baseline measured on {base_machine.get('cores')} cores, {base_machine.get('processor')}, "
