@@ -89,8 +89,13 @@ class Prepared:
                 if step >= self.total_steps(worker):
                     return
                 idx = np.sort(order[start:start + self.batch_size])
-                yield step, torch.from_numpy(self.data.x_train[idx]), torch.from_numpy(self.data.y_train[idx])
+                yield (step, *batch_tensors(self.data, idx))
                 step += 1
+
+
+def batch_tensors(data: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mini-batch of training rows, gathered into fresh arrays (what a worker trains on)."""
+    return torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
 
 
 def prepare(spec: RunSpec) -> Prepared:

@@ -18,7 +18,7 @@ from psbench.core.tables import read_table
 from secret_helpers import watch_cmdlines
 
 REASON = netlab.unavailable_reason() or sshlab.unavailable_reason()
-# slow: sshd hosts in namespaces, ~20 s for the module: `make test-slow` (CI runs it), keeping `make test` under 12 min
+# slow: sshd hosts in namespaces (the first test 14 s in CI): `make test-slow` (CI runs it), keeping `make test` under 12 min
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.skipif(REASON is not None, reason=f"ssh lab: {REASON}")]
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("ps-server", "ps-worker", "ps-fetch")  # every remote role's command line was scanned

@@ -95,9 +95,8 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     (workload, batch): what an emulated device's target is compared with. CPU time, not wall time,
     so a busy machine does not inflate it. Returns (seconds, the model's parameter count)."""
     import numpy as np
-    import torch
 
-    from psbench.systems.common import configure_threads, forward_backward
+    from psbench.systems.common import batch_tensors, configure_threads, forward_backward
 
     workload = get_workload(spec.workload)
     key = (spec.workload, spec.batch_size or workload.batch_size)
@@ -105,13 +104,13 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
         data, batch = workload.load_data(data_dir=spec.data_dir), key[1]
         configure_threads(1)
         model, loss_fn = workload.build_model(data, spec.seed), workload.loss_fn()
-        # Random rows, gathered into a fresh array as a worker's batch is (Prepared.batches), without
+        # Random rows, gathered as a worker's batch is (batch_tensors, as Prepared.batches), without
         # sharding or shuffling the whole set first: 10M rows would cost seconds, more than measuring.
         rng, n = np.random.default_rng(spec.seed), len(data.y_train)
         times = []
         for _ in range(12):
             idx = np.sort(rng.integers(0, n, size=min(batch, n)))  # a repeat now and then costs the same
-            x, y = torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
+            x, y = batch_tensors(data, idx)
             t = time.thread_time()
             forward_backward(model, loss_fn, x, y)
             times.append(time.thread_time() - t)
