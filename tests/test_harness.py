@@ -135,6 +135,10 @@ def test_matrix_expands_systems_workers_seeds_and_system_options() -> None:
         expand({**config, "override": [{"workload": "mlp-digits", "settings": {"epoch": 2}}]})
     with pytest.raises(ConfigError, match="unknown config section"):
         expand({"matrix": {"system": ["single"], "workload": ["mlp-digits"]}, "setings": {}})
+    # a list in [[exclude]] matches any of its items: a slice of the matrix with fewer seeds
+    sliced = expand({**config, "exclude": [{"workload": "logreg-digits", "seed": [1, 2]}]})
+    assert sorted((s.workload, s.seed) for s in sliced.specs) == [
+        ("logreg-digits", 0), ("mlp-digits", 0), ("mlp-digits", 1), ("mlp-digits", 2)]
 
 
 def test_config_file_runs_a_matrix_and_resume_skips_completed_runs(

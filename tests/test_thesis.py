@@ -107,9 +107,10 @@ def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_p
     assert "spread" in found.ours and "power: 20 seeds" in found.ours
 
 
-def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: int | None = 6) -> Path:
+def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: int | None = 6,
+                  stragglers: str | None = None) -> Path:
     for seed in seeds:
-        common = dict(workload="mlp-digits", workers=4, seed=seed, batch_size=16)
+        common = dict(workload="mlp-digits", workers=4, seed=seed, batch_size=16, stragglers=stragglers)
         jitter = 1 + 0.01 * (seed % 5)  # seeds differ a little: a paired t needs some spread
         fake_run(root, "switch", RunSpec("ddp", **common), step_s=0.004 * jitter, target=0.8)
         fake_run(root, "switch", RunSpec("ps", **common, options={"consistency": "bsp"}), step_s=0.005 * jitter,
@@ -144,6 +145,38 @@ def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_ou
     _switch_suite(never, switch_step_s=0.002, switch_at=None)
     (finding,) = thesis.findings(load_suite(never / "switch"))
     assert finding.verdict == thesis.INCONCLUSIVE and "never acted" in finding.ours
+
+
+def test_switch_verdict_tests_the_thesis_point_and_shows_the_map_slice_untested(tmp_path, monkeypatch):
+    """A configuration with fewer seeds than the most-seeded one is a map cell: in the table and
+    the heatmap, never in the verdict or its Holm family (a slow switch there cannot sink it)."""
+    _switch_suite(tmp_path, switch_step_s=0.002, seeds=[0, 1, 2, 3, 4, 100])
+    alone = thesis.findings(load_suite(tmp_path / "switch"))
+    _switch_suite(tmp_path, switch_step_s=0.0039, seeds=[0, 1, 2, 100], stragglers="slow:1=2.5")
+    res = load_suite(tmp_path / "switch")
+    found = thesis.switch_comparisons(res)
+    assert {(c.conditions, c.map_cell) for c in found} == {("native", False), ("stragglers slow:1=2.5", True)}
+    assert [c.speedup.n for c in found if c.in_verdict] == [5]
+    table = thesis.switch_verdict_table(found)
+    assert sorted(table["in the verdict"]) == ["no: a map cell (fewer seeds)", "no: pure ASP, shown beside",
+                                               "no: pure ASP, shown beside", "yes"]
+    (finding,) = thesis.findings(res)
+    assert finding.verdict == alone[0].verdict == thesis.REPRODUCED
+    assert "map cell (stragglers slow:1=2.5, n=3, not tested)" in finding.ours
+    import matplotlib.pyplot as plt
+
+    import psbench.bench.report.plots as plots
+
+    rows: dict[str, list[str]] = {}
+
+    def keep(fig: plt.Figure, out_dir, name: str) -> list:
+        rows.update({ax.get_title(): [t.get_text() for t in ax.get_yticklabels()] for ax in fig.axes if ax.get_title()})
+        plt.close(fig)
+        return []
+
+    monkeypatch.setattr(plots, "save", keep)
+    plots.switch_map(res, tmp_path)  # the map cell's switch is drawn beside the thesis' point
+    assert rows["mlp-digits: switch (best variant)"] == ["native", "stragglers slow:1=2.5"]
 
 
 def _sweep_suite(root: Path, ps_cost, spark_cost, emulate: str | None = None, seed_noise: float = 0.01,

@@ -15,9 +15,9 @@
     [quick]                               # overrides for `--quick` (any [settings] key, and seed lists)
     max_steps = 40
     seed = [0]
-    [[exclude]]                           # drop runs matching every key given
-    system = "ps"
-    workers = 1
+    [[exclude]]                           # drop runs matching every key given (a list: any of
+    system = "ps"                         # its items), e.g. a slice with fewer seeds:
+    workers = 1                           #   stragglers = ""; seed = [3, 4, 5]
     [[override]]                          # runs matching every key but `settings` get those settings
     workload = "logreg-digits"            # (a [quick] key still wins in --quick)
     settings = { epochs = 50 }
@@ -144,10 +144,12 @@ def _overrides(entries: list[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]
     return found
 
 
-def _matches(run: dict[str, Any], exclude: dict[str, Any]) -> bool:
-    for key, value in exclude.items():
+def _matches(run: dict[str, Any], selector: dict[str, Any]) -> bool:
+    """Whether a run has every key of an [[exclude]] or [[override]] table: a value, or a list of
+    values (any of them); no run setting or option takes a list, so a list is never a value."""
+    for key, value in selector.items():
         have = run.get("options", {}).get(key) if key not in run else run[key]
-        if have != value:
+        if have not in (value if isinstance(value, list) else [value]):
             return False
     return True
 

@@ -489,8 +489,8 @@ def switch_map(res: SuiteResults, out_dir: Path) -> list[Path]:
     found = switch_comparisons(res)
     frame = pd.DataFrame([{"workload": c.workload, "workers": c.workers, "conditions": c.conditions,
                            "who": "switch (best variant)" if c.never_switched != "–" else "pure ASP",
-                           "speedup": c.speedup.estimate, "acc": c.accuracy_pp.estimate, "acted": c.in_verdict
-                           or c.never_switched == "–"} for c in found])
+                           "speedup": c.speedup.estimate, "acc": c.accuracy_pp.estimate,
+                           "acted": c.switched or c.never_switched == "–"} for c in found])
     if frame.empty or len(frame[["workers", "conditions"]].drop_duplicates()) < 2:
         return []
     frame = frame[frame["acted"]]

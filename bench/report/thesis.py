@@ -206,8 +206,12 @@ def switch(res: SuiteResults) -> Finding | None:
         return None
     table = switch_verdict_table(found)
     tested = [c for c in found if c.in_verdict]
-    parts, holds = [], []
+    parts, holds, map_parts = [], [], []
     for c, (_, row) in zip(found, table.iterrows()):
+        if c.map_cell:
+            map_parts.append(f"map cell ({c.conditions}, n={c.speedup.n}, not tested): {c.variant} vs {c.baseline} "
+                             f"{_fmt_ci(c.speedup.interval)}, val acc {_fmt_ci(c.accuracy_pp.interval, ' pp')}")
+            continue
         parts.append(f"{c.variant} ({c.workload}, {c.workers} workers) vs {c.baseline}: speed-up "
                      f"{_fmt_ci(c.speedup.interval)}, p={c.speedup.p:.3g}, detectable {c.speedup.mde:.2f}x; "
                      f"val acc {_fmt_ci(c.accuracy_pp.interval, ' pp')}; reached {c.reached}"
@@ -218,8 +222,8 @@ def switch(res: SuiteResults) -> Finding | None:
                          row[f"within {SWITCH_ACC_PP:g} pp after Holm"] == "yes")
     fails = [c.speedup.hi < SWITCH_SPEEDUP or c.accuracy_pp.hi < -SWITCH_ACC_PP for c in tested]
     verdict = (REPRODUCED if any(holds) else NOT_REPRODUCED if tested and all(fails) else INCONCLUSIVE)
-    return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts), verdict,
-                   RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite)
+    return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts + map_parts),
+                   verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite)
 
 
 # ---- sharding variance ---------------------------------------------------------------------------
