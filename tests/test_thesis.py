@@ -124,7 +124,9 @@ def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: i
 def test_switch_verdict_follows_the_records(tmp_path):
     fast = thesis.findings(load_suite(_switch_suite(tmp_path / "fast", switch_step_s=0.002)))
     assert [f.verdict for f in fast] == [thesis.REPRODUCED]
-    assert "vs ddp: speed-up 1.9" in fast[0].ours or "vs ddp: speed-up 2.0" in fast[0].ours  # ddp: the faster sync
+    # ddp: the faster sync; each side's time to target with its interval, then the speed-up
+    assert re.search(r"vs ddp: time to target [\d.]+ s \[[^]]+\] \(n=5\) vs [\d.]+ s \[[^]]+\] \(n=5\), "
+                     r"speed-up (1\.9|2\.0)", fast[0].ours), fast[0].ours
     assert "Holm" in fast[0].rule
     slow = thesis.findings(load_suite(_switch_suite(tmp_path / "slow", switch_step_s=0.0039)))
     assert [f.verdict for f in slow] == [thesis.NOT_REPRODUCED]
@@ -157,6 +159,11 @@ def test_switch_verdict_tests_the_thesis_point_and_shows_the_map_slice_untested(
     found = thesis.switch_comparisons(res)
     assert {(c.conditions, c.map_cell) for c in found} == {("native", False), ("stragglers slow:1=2.5", True)}
     assert [c.speedup.n for c in found if c.in_verdict] == [5]
+    (tested,) = [c for c in found if c.in_verdict]  # each side's time to target with its interval, same seeds
+    for t in (tested.time_to_target, tested.base_time_to_target):
+        assert t.n == 5 and t.lo < t.estimate < t.hi
+    assert tested.base_time_to_target.estimate / tested.time_to_target.estimate == pytest.approx(
+        tested.speedup.estimate, rel=1e-9)
     table = thesis.switch_verdict_table(found)
     assert sorted(table["in the verdict"]) == ["no: a map cell (fewer seeds)", "no: pure ASP, shown beside",
                                                "no: pure ASP, shown beside", "yes"]

@@ -71,6 +71,8 @@ class SwitchComparison:
     target_source: str
     speedup: stats.PairedT
     accuracy_pp: stats.PairedT
+    time_to_target: stats.PairedT       # the variant's, training clock (hand-over on it): geometric mean, t on logs
+    base_time_to_target: stats.PairedT  # the fastest sync system's, on the same seeds
     reached: str
     never_switched: str
     spikes_mean: float
@@ -124,11 +126,18 @@ def switch_comparisons(res: SuiteResults) -> list[SwitchComparison]:
                 workload, int(workers), conditions, variant, fastest, target, source,
                 stats.paired_log_ratio_t(t_b, t_v, SWITCH_SPEEDUP),
                 stats.paired_t((a_v - a_b) * 100, -SWITCH_ACC_PP),
+                _geometric_mean_t(t_v), _geometric_mean_t(t_b),
                 f"{reached_v}/{len(runs_v)} vs {int(base['tta'].notna().sum())}/{len(base)}",
                 f"{fired.count(False)}/{len(fired)}" if is_switch else "–",
                 float(np.mean(spikes)) if spikes else math.nan,
                 is_switch and any(fired) and not map_cell, map_cell, is_switch and any(fired)))
     return out
+
+
+def _geometric_mean_t(times: np.ndarray) -> stats.PairedT:
+    """Times to target on the log scale, as the speed-up is: sync's geometric mean ÷ the variant's is
+    the speed-up's estimate exactly, and an interval never holds a negative time."""
+    return stats.paired_log_ratio_t(times, np.ones_like(times))
 
 
 def _switch_kind(run: pd.Series) -> str:
@@ -149,6 +158,10 @@ def switch_verdict_table(found: list[SwitchComparison]) -> pd.DataFrame:
         rs, ra = holm.get(id(c), (None, None))
         rows.append({"workload": c.workload, "workers": c.workers, "conditions": c.conditions, "variant": c.variant,
                      "vs (fastest sync)": c.baseline, "target acc": c.target, "n pairs": c.speedup.n,
+                     "time to target (s, geo. mean)": c.time_to_target.estimate,
+                     "time to target 95% CI": _ci_text(c.time_to_target),
+                     "sync's time to target (s)": c.base_time_to_target.estimate,
+                     "sync's 95% CI": _ci_text(c.base_time_to_target),
                      "speed-up": c.speedup.estimate, "speed-up 95% CI": _ci_text(c.speedup),
                      f"p (speed-up > {SWITCH_SPEEDUP:g}x)": c.speedup.p,
                      f"> {SWITCH_SPEEDUP:g}x after Holm": "–" if rs is None else ("yes" if rs else "no"),

@@ -212,8 +212,9 @@ def switch(res: SuiteResults) -> Finding | None:
             map_parts.append(f"map cell ({c.conditions}, n={c.speedup.n}, not tested): {c.variant} vs {c.baseline} "
                              f"{_fmt_ci(c.speedup.interval)}, val acc {_fmt_ci(c.accuracy_pp.interval, ' pp')}")
             continue
-        parts.append(f"{c.variant} ({c.workload}, {c.workers} workers) vs {c.baseline}: speed-up "
-                     f"{_fmt_ci(c.speedup.interval)}, p={c.speedup.p:.3g}, detectable {c.speedup.mde:.2f}x; "
+        parts.append(f"{c.variant} ({c.workload}, {c.workers} workers) vs {c.baseline}: time to target "
+                     f"{_fmt_ci(c.time_to_target.interval, ' s')} vs {_fmt_ci(c.base_time_to_target.interval, ' s')}, "
+                     f"speed-up {_fmt_ci(c.speedup.interval)}, p={c.speedup.p:.3g}, detectable {c.speedup.mde:.2f}x; "
                      f"val acc {_fmt_ci(c.accuracy_pp.interval, ' pp')}; reached {c.reached}"
                      + (f"; never switched {c.never_switched}" if c.never_switched not in ("–", "0/0") else "")
                      + ("" if c.in_verdict or c.never_switched == "–" else " (never acted: not in the verdict)"))
