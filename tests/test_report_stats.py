@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from psbench.bench.report.stats import (bootstrap_ci, mlperf_time_to_target, ratio_ci, variance_ratio)
+from psbench.bench.report.stats import (bootstrap_ci, holm, mlperf_time_to_target, ratio_ci, variance_ratio)
 
 
 def test_bootstrap_ci_brackets_the_mean_and_is_reproducible():
@@ -83,3 +83,13 @@ def test_mlperf_time_to_target_with_runs_that_missed_the_target():
     few = mlperf_time_to_target([4.0, 6.0])  # under 3 runs nothing is dropped
     assert few.value == pytest.approx(5.0) and few.kept == 2
     assert mlperf_time_to_target([4.0, None]).value is None
+
+
+def test_holm_steps_down_between_uncorrected_and_bonferroni():
+    # uncorrected, both would pass 0.05; Holm's first step needs 0.05 / 2
+    assert holm([0.03, 0.04]) == [False, False]
+    # Bonferroni would keep only 0.01 (0.02 > 0.05 / 2); Holm's second step needs 0.05 / 1
+    assert holm([0.02, 0.01]) == [True, True]
+    # it stops at the first failure: 0.03 > 0.05 / 2, so 0.04 is not tested at 0.05
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False]
+    assert holm([math.nan, 0.04]) == [False, True]  # a nan is no test and does not count

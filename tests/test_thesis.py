@@ -186,6 +186,28 @@ def test_switch_verdict_tests_the_thesis_point_and_shows_the_map_slice_untested(
     assert rows["mlp-digits: switch (best variant)"] == ["native", "stragglers slow:1=2.5"]
 
 
+def test_switch_verdict_corrects_over_the_tested_variants_only():
+    """Holm's family is the variants that switched in the verdict's configuration: a map cell's or a
+    never-switched variant's p-value neither enters it nor tightens it."""
+    from psbench.bench.report.stats import PairedT
+    from psbench.bench.report.switching import SwitchComparison, switch_verdict_table
+
+    def comparison(variant: str, p: float, in_verdict: bool, map_cell: bool = False) -> SwitchComparison:
+        t = PairedT(10, 1.5, 1.3, 1.7, p, 1.2)
+        return SwitchComparison("mlp-digits", 8, "native", variant, "ddp", 0.9, "calibration", t,
+                                       PairedT(10, 0.0, -0.2, 0.2, p, 0.3), t, t, "10/10 vs 10/10", "0/10",
+                                       0.0, in_verdict, map_cell, switched=True)
+
+    tested = [comparison("switch (a)", 0.01, True), comparison("switch (b)", 0.04, True)]
+    untested = [comparison("switch (map)", 0.5, False, map_cell=True), comparison("switch (never)", 0.5, False)]
+    column = "> 1.3x after Holm"
+    assert list(switch_verdict_table(tested)[column]) == ["yes", "yes"]   # 0.01 <= 0.025, 0.04 <= 0.05
+    # in a family of three, 0.04 > 0.05 / 2 would fail: the untested rows must leave the family as it was
+    assert list(switch_verdict_table(tested + untested)[column]) == ["yes", "yes", "–", "–"]
+    tight = [comparison("switch (a)", 0.03, True), comparison("switch (b)", 0.04, True)]
+    assert list(switch_verdict_table(tight)[column]) == ["no", "no"]     # each < 0.05 uncorrected
+
+
 def _sweep_suite(root: Path, ps_cost, spark_cost, emulate: str | None = None, seed_noise: float = 0.01,
                  suite: str = "sweep") -> Path:
     """ps and Spark's native trainer, 3 seeds at batch 1, 10 and 100 (150 rows per core): each

@@ -3,7 +3,7 @@ times on a shared box mean little).
 
 - `ratio_spark_mllib_step_vs_single()`: per-step time of spark-mllib over single, one process, one
   run each, for a CI regression check.
-- `sweep_table(results_dir, suite)`: the batch-size sweep (bench/experiments/batch_sweep.toml) as a
+- `sweep_table(results_dir, suite)`: the batch-size sweep (bench/experiments/extra/batch_sweep.toml) as a
   table of per-step times and ratios; `python -m psbench.bench.regress.spark_benchmarks --suite batch-sweep`.
 
 Per-step time is the median interval between worker 0's consecutive steps (steady state: Spark
