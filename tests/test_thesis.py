@@ -192,14 +192,14 @@ def test_switch_verdict_corrects_over_the_tested_variants_only():
     from psbench.bench.report.stats import PairedT
     from psbench.bench.report.switching import SwitchComparison, switch_verdict_table
 
-    def comparison(variant: str, p: float, in_verdict: bool, map_cell: bool = False) -> SwitchComparison:
+    def comparison(variant: str, p: float, switched: bool, map_cell: bool = False) -> SwitchComparison:
         t = PairedT(10, 1.5, 1.3, 1.7, p, 1.2)
         return SwitchComparison("mlp-digits", 8, "native", variant, "ddp", 0.9, "calibration", t,
-                                       PairedT(10, 0.0, -0.2, 0.2, p, 0.3), t, t, "10/10 vs 10/10", "0/10",
-                                       0.0, in_verdict, map_cell, switched=True)
+                                PairedT(10, 0.0, -0.2, 0.2, p, 0.3), t, t, "10/10 vs 10/10", "0/10",
+                                0.0, switched, map_cell)
 
     tested = [comparison("switch (a)", 0.01, True), comparison("switch (b)", 0.04, True)]
-    untested = [comparison("switch (map)", 0.5, False, map_cell=True), comparison("switch (never)", 0.5, False)]
+    untested = [comparison("switch (map)", 0.5, True, map_cell=True), comparison("switch (never)", 0.5, False)]
     column = "> 1.3x after Holm"
     assert list(switch_verdict_table(tested)[column]) == ["yes", "yes"]   # 0.01 <= 0.025, 0.04 <= 0.05
     # in a family of three, 0.04 > 0.05 / 2 would fail: the untested rows must leave the family as it was

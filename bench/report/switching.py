@@ -76,17 +76,21 @@ class SwitchComparison:
     reached: str
     never_switched: str
     spikes_mean: float
-    in_verdict: bool
-    map_cell: bool = False   # fewer paired seeds than the thesis' point: the regime map's, not the verdict's
-    switched: bool = False   # a switch variant whose criterion fired in at least one run
+    switched: bool   # a switch variant whose criterion fired in at least one run
+    map_cell: bool   # fewer paired seeds than the thesis' point: the regime map's, not the verdict's
+
+    @property
+    def in_verdict(self) -> bool:
+        return self.switched and not self.map_cell
 
 
 def switch_comparisons(res: SuiteResults) -> list[SwitchComparison]:
     """Every switch variant and pure ASP against the fastest sync system, per configuration."""
     runs = res.runs.assign(kind=[_switch_kind(r) for _, r in res.runs.iterrows()])
     val = res.evals[res.evals["split"] == "val"]
-    verdict_seeds = runs[runs["seed"] < CALIBRATION_SEED_MIN].groupby(["workload", "workers", "conditions"])["seed"]
-    most_seeds = int(verdict_seeds.nunique().max()) if len(verdict_seeds.size()) else 0
+    verdict_seeds = (runs[runs["seed"] < CALIBRATION_SEED_MIN]
+                     .groupby(["workload", "workers", "conditions"])["seed"].nunique())
+    most_seeds = int(verdict_seeds.max()) if len(verdict_seeds) else 0
     out = []
     for (workload, workers, conditions), group in runs.groupby(["workload", "workers", "conditions"], sort=True):
         sync = {k: g for k, g in group[group["kind"].isin(["ddp", "ps (bsp)"])].groupby("kind")}
@@ -111,7 +115,7 @@ def switch_comparisons(res: SuiteResults) -> list[SwitchComparison]:
         fastest = min(medians, key=lambda k: (math.inf if math.isnan(medians[k]) else medians[k], k))
         base = group[(group["kind"] == fastest) & (group["seed"] < CALIBRATION_SEED_MIN)]
         contenders = group[group["kind"].isin(["switch", "ps (asp)"]) & (group["seed"] < CALIBRATION_SEED_MIN)]
-        map_cell = int(group[group["seed"] < CALIBRATION_SEED_MIN]["seed"].nunique()) < most_seeds
+        map_cell = int(verdict_seeds.get((workload, workers, conditions), 0)) < most_seeds
         for variant, runs_v in contenders.groupby("label", sort=True):
             is_switch = (runs_v["kind"] == "switch").all()
             fired = [bool(((res.manifests.get(r) or {}).get("extra") or {}).get("switch", {}).get("fired"))
@@ -130,7 +134,7 @@ def switch_comparisons(res: SuiteResults) -> list[SwitchComparison]:
                 f"{reached_v}/{len(runs_v)} vs {int(base['tta'].notna().sum())}/{len(base)}",
                 f"{fired.count(False)}/{len(fired)}" if is_switch else "–",
                 float(np.mean(spikes)) if spikes else math.nan,
-                is_switch and any(fired) and not map_cell, map_cell, is_switch and any(fired)))
+                is_switch and any(fired), map_cell))
     return out
 
 
