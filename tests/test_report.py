@@ -89,10 +89,15 @@ def test_scaling_and_sharding_tables_compute_what_they_claim(suite):
     assert got["random"] == pytest.approx(1.0)
     assert got["stratified"] == pytest.approx(var["random"] / var["stratified"])
     assert got["distribution-aware:3"] > 1  # the fixture makes random the noisiest
-    # the design's power at the verdict's Bonferroni level (every non-random row of the table is a ratio tested)
+    # the design's power at the verdict's Bonferroni level: the ratios tested are the accuracies' (the
+    # paper's metrics), a loss's is shown and marked, and neither counts nor gets a power figure
     from psbench.bench.report import variance_power
     full = sharding_table(res)
-    alpha = 0.05 / int((full["sharding"] != "random").sum())
+    accuracy = full["metric"].isin(["training accuracy", "validation accuracy"])
+    assert set(full.loc[accuracy & (full["sharding"] != "random"), "in the verdict"]) == {"yes"}
+    assert set(full.loc[~accuracy & (full["sharding"] != "random"), "in the verdict"]) == {"no: shown, not tested"}
+    assert full.loc[~accuracy, "detectable ratio (80% power)"].isna().all()
+    alpha = 0.05 / int((accuracy & (full["sharding"] != "random")).sum())
     power = table.set_index("sharding")["detectable ratio (80% power)"]
     seeds = int(table.set_index("sharding")["seeds"]["stratified"])
     assert pd.isna(power["random"])

@@ -106,6 +106,32 @@ def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_p
     assert (ratios["seeds"] == 20).all()  # paired within a condition, never pooled across
     (found,) = thesis.findings(res)
     assert "spread" in found.ours and "power: 20 seeds" in found.ours
+    # the family is the accuracies' ratios (2 conditions x 2 metrics here), not the losses' too
+    assert ratios["tested"].sum() == 4 and "at 0.05/4;" in found.ours and "of 4 ratios" in found.ours
+
+
+def test_a_loss_ratio_is_shown_not_tested(tmp_path):
+    """The verdict tests the accuracies' ratios: a huge ratio on a loss alone reproduces nothing."""
+    for strategy in ("random", "stratified"):
+        for seed in range(20):
+            spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
+                           options={"consistency": "asp"})
+            fake_run(tmp_path, "sharding", spec, step_s=0.002, final_noise=0.02)
+    for run in (tmp_path / "sharding").glob("*/manifest.json"):  # losses: random 100x noisier
+        import json
+        m = json.loads(run.read_text())
+        if m["spec"]["sharding"] == "random":
+            for key in ("final_train_loss", "final_val_loss"):
+                m["summary"][key] = 0.5 + (m["seed"] % 5 - 2) * 0.2
+        else:
+            for key in ("final_train_loss", "final_val_loss"):
+                m["summary"][key] = 0.5 + (m["seed"] % 5 - 2) * 0.002
+        run.write_text(json.dumps(m))
+    res = load_suite(tmp_path / "sharding")
+    ratios = thesis.sharding_ratios(res).set_index("metric")
+    assert ratios.loc["final training loss", "lo"] > 10 and not ratios.loc["final training loss", "tested"]
+    (found,) = thesis.findings(res)
+    assert found.verdict != thesis.REPRODUCED and "loss" not in found.ours.split("; the paper")[0]
 
 
 def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: int | None = 6,

@@ -21,7 +21,7 @@ import pandas as pd
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
 from psbench.bench.report import cost_model, measures, switching, throughput_gap, variance_power
-from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, _strategy_order, baseline_runs,
+from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
 from psbench.bench.report.stats import CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
@@ -330,8 +330,12 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
                 row["p (paired)"] = None if same or _missing(vr.p_pitman_morgan) else vr.p_pitman_morgan
                 rows.append(row)
     frame = pd.DataFrame(rows)
-    # The design's power, at the Bonferroni level the verdict uses (every ratio tested counts)
-    tested = frame["sharding"] != "random"
+    # The design's power, at the Bonferroni level the verdict uses (every ratio tested counts: the
+    # accuracies'; a loss's ratio is shown, not tested)
+    tested = (frame["sharding"] != "random") & frame["metric"].isin(
+        [_metric_short(t) for m, t in SHARDING_METRICS if m in SHARDING_TESTED])
+    frame["in the verdict"] = ["yes" if t else "–" if s == "random" else "no: shown, not tested"
+                               for t, s in zip(tested, frame["sharding"])]
     alpha = variance_power.ALPHA / max(1, int(tested.sum()))
     frame[f"detectable ratio ({variance_power.POWER:.0%} power)"] = [
         variance_power.detectable_ratio(int(seeds), int(seeds), alpha) if t and seeds >= 2 else None
@@ -700,8 +704,9 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
     table("Sharding variability", sharding,
           "Mean and variance (over seeds) of the final metrics; var ratio = variance under random sharding ÷ "
           "variance under the strategy (> 1: less variable than random), with its interval and p-values of "
-          "tests of equal variances (small p: the difference is unlikely to be chance). Power: the smallest true "
-          "ratio this many seeds detect with 80% power by a one-sided F test at 0.05 ÷ the ratios tested "
+          "tests of equal variances (small p: the difference is unlikely to be chance). The verdict tests the "
+          "accuracies' ratios (the paper's figures are on accuracy); the losses' are shown, not tested. Power: the "
+          "smallest true ratio this many seeds detect with 80% power by a one-sided F test at 0.05 ÷ the ratios tested "
           "(Bonferroni, as the verdict), and the seeds per strategy a 2x effect needs at that level "
           "(bench/report/variance_power.py). The paper's design (5 runs a strategy): "
           + (variance_power.paper_design_text() + "." if not sharding.empty else ""))
