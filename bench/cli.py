@@ -34,6 +34,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
                       "namespace hosts, in the foreground until Ctrl-C"),
     "neighbourhoods": ("psbench.workloads.neighbourhoods", "where sharding has something to balance: a data set's "
                        "sparse neighbourhoods per k and random shards' class mix"),
+    "slim": ("psbench.bench.harness.slim", "drop a suite's per-step records but for the runs of its first N seeds "
+             "(the rest of every run kept), so a results folder stays small enough to commit"),
     "ps-job": ("psbench.bench.lab.compose_job", "finish a PS job run elsewhere (docker compose): wait for the workers' "
                "bye, fetch, shut the servers down, write one run folder"),
 }

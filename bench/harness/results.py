@@ -7,6 +7,7 @@ parse, is a ConfigError naming the file: a report built on half-read data would 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pandas as pd
 
 from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
-from psbench.core.tables import table_files, read_table_file
+from psbench.core.tables import STEPS_DROPPED, table_files, read_table_file
 
 # written into a suite folder beside its runs: by bench.report, and by `psbench netlab bench` (its table and plot)
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json", "bandwidth.csv", "bandwidth.png"}
@@ -28,7 +29,8 @@ SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size
 @dataclass
 class SuiteResults:
     """Every run of one suite. `runs` has one row per run: spec fields, options as opt_<name>,
-    summary fields, and `label` (the system plus the options that tell its variants apart)."""
+    summary fields, `label` (the system plus the options that tell its variants apart) and
+    `steps_kept` (False where `psbench slim` dropped its per-step rows: `steps` has none of them)."""
     suite: str
     path: Path
     runs: pd.DataFrame
@@ -74,6 +76,7 @@ def load_suite(path: Path | str) -> SuiteResults:
     rows: list[dict[str, Any]] = []
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     shard_rows: list[dict[str, Any]] = []
+    steps_kept: dict[str, bool] = {}
     for run_dir in run_dirs:
         manifest = _read_manifest(run_dir / "manifest.json")
         run_id = manifest["run_id"]
@@ -81,7 +84,12 @@ def load_suite(path: Path | str) -> SuiteResults:
             raise ConfigError(f"{run_dir / 'manifest.json'}: run_id {run_id} appears twice in {path}")
         manifests[run_id] = manifest
         rows.append(_run_row(manifest, run_dir))
-        for name, file in table_files(run_dir).items():  # Parquet or CSV, whichever the run wrote
+        files = table_files(run_dir)  # Parquet or CSV, whichever the run wrote
+        if "steps" not in files and not (run_dir / STEPS_DROPPED).is_file():
+            raise ConfigError(f"{run_dir}: no steps table (steps.parquet or steps.csv) and no {STEPS_DROPPED} "
+                              "(`psbench slim` writes it where it drops one); the run folder is incomplete")
+        steps_kept[run_id] = "steps" in files
+        for name, file in files.items():
             frames[name].append(_read_table(file, run_id))
         if (run_dir / "shards.json").is_file():
             shard_rows.extend(_shard_rows(run_dir / "shards.json", run_id))
@@ -89,10 +97,13 @@ def load_suite(path: Path | str) -> SuiteResults:
     runs = pd.DataFrame(rows)
     runs = _fill_defaults(runs)
     runs["label"] = variant_labels(runs)
+    runs["steps_kept"] = runs["run_id"].map(steps_kept).astype(bool)
     steps = _concat(frames["steps"], TABLES["steps"])
-    # Derived from the rows themselves, so results written before the summary carried it agree.
+    # Derived from the rows themselves, so results written before the summary carried it agree; a run
+    # whose rows were dropped (psbench slim) keeps its summary's, computed from them when it ended.
     per_run = {run_id: median_step_interval(group) for run_id, group in steps.groupby("run_id")}
-    runs["median_step_s"] = runs["run_id"].map(per_run).astype(float)
+    summary_median = pd.to_numeric(runs["median_step_s"], errors="coerce") if "median_step_s" in runs else math.nan
+    runs["median_step_s"] = runs["run_id"].map(per_run).astype(float).where(runs["steps_kept"], summary_median)
     return SuiteResults(
         suite=path.name, path=path, runs=runs.sort_values(["system", "label", "workers", "seed"]).reset_index(drop=True),
         steps=steps, evals=_concat(frames["evals"], TABLES["evals"]),

@@ -137,6 +137,14 @@ def _budgets(group: pd.DataFrame) -> str:
     return ", ".join(sorted(group["budget"].dropna().astype(str).unique())) or "–"
 
 
+def _runs_n(group: pd.DataFrame) -> int | str:
+    """The runs behind a per-step figure: all of them, or 'k of n with steps' where `psbench slim`
+    dropped some runs' per-step rows."""
+    if "steps_kept" not in group or group["steps_kept"].all():
+        return len(group)
+    return f"{int(group['steps_kept'].sum())} of {len(group)} with steps"
+
+
 def _too_short(group: pd.DataFrame) -> str:
     return f"{int((group['too_short'] != '').sum())}/{len(group)}"
 
@@ -149,7 +157,7 @@ def summary_table(res: SuiteResults) -> pd.DataFrame:
     value = throughput_column(runs)
     rows = []
     for key, group in runs.groupby(GROUP, sort=True):
-        row = {**_key_cells(key), "budget": _budgets(group), "runs": len(group)}
+        row = {**_key_cells(key), "budget": _budgets(group), "runs": _runs_n(group)}
         _with_ci(row, "samples/s", group[value])
         base = baseline_runs(runs, group.iloc[0])
         speedup = ratio_ci(group[value], base[value]) if len(base) else Interval(0, math.nan, math.nan, math.nan)
@@ -193,7 +201,7 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
     runs = breakdown_groups(measures.annotate(res))
     rows = []
     for key, group in runs.groupby(GROUP, sort=True):
-        row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}
+        row: dict[str, Any] = {**_key_cells(key), "runs": _runs_n(group)}
         for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update"),
                              strict=True):
             _with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
@@ -591,6 +599,22 @@ def method_text() -> str:
             f"normal data). A run with {measures.SHORT_RULE} is too short to compare.")
 
 
+def steps_kept_text(res: SuiteResults) -> str:
+    """Where `psbench slim` dropped runs' per-step rows: which runs the per-step figures rest on."""
+    kept = res.runs["steps_kept"] if "steps_kept" in res.runs else pd.Series(True, index=res.runs.index)
+    if kept.all():
+        return ""
+    seeds = sorted(res.runs.loc[kept, "seed"].astype(int).unique())
+    which = f"seeds {seeds[0]}–{seeds[-1]}" if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)) else \
+        f"seeds {', '.join(map(str, seeds)) or 'none'}"
+    return (f"Per-step records: kept for {int(kept.sum())} of {len(kept)} runs ({which} of each configuration); "
+            "the others' were dropped after the run to keep the folder small (`psbench slim`; each run's "
+            "steps.dropped.json gives the dropped file's rows and sha256). Evaluations, summaries, events and shard "
+            "reports are kept for every run, so accuracies, variance ratios and verdicts use every run; "
+            "throughput after warm-up, step-time breakdowns and staleness histograms use the runs that kept "
+            "their steps (their n says so).")
+
+
 def warnings_text(res: SuiteResults) -> list[str]:
     runs = measures.annotate(res).runs
     out = [measures.mixed_versions_warning(res)]
@@ -618,7 +642,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
     systems = ", ".join(res.labels)
     blocks.append(Block("p", f"{len(res.runs)} runs of {len(res.systems)} system(s) ({systems}) on "
                              f"{', '.join(sorted(res.runs['workload'].unique()))}."))
-    blocks += [Block("p", text) for text in warnings_text(res)]
+    blocks += [Block("p", text) for text in [steps_kept_text(res), *warnings_text(res)] if text]
 
     def table(title: str, frame: pd.DataFrame, intro: str = "") -> None:
         if frame.empty:

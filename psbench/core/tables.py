@@ -15,6 +15,9 @@ from psbench.core.errors import ConfigError
 from psbench.core.records import COLUMNS, RECORD_FORMATS, STEP_TIME_COLUMNS, TABLES
 
 NUMERIC_TYPES = {"Int64", "int64", "float64"}
+# In a run folder in place of its steps table: the table was dropped after the run to keep a results
+# folder small (`psbench slim`, bench/harness/slim.py); it names the file, its rows, size and sha256.
+STEPS_DROPPED = "steps.dropped.json"
 
 
 def table_file(run_dir: Path, table: str) -> Path | None:

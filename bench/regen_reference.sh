@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Regenerate the reference results from ONE clean commit, resumably, across as many working
+# stretches as it takes (about 6 hours on 2 cores: the powered sharding design 4.2 h, make bench
+# ~72 min, the extras ~37 min). Every step resumes: a complete run (its manifest) is never rerun.
+#
+#   bash bench/regen_reference.sh COMMIT CLONE OUT [powered|all]
+#
+# COMMIT  the commit every run comes from; CLONE a clean clone of it (made here if missing, with its
+#         own `make setup`); OUT the results folder. `powered` runs the powered sharding design only
+#         (bench/experiments/extra/sharding_powered.toml); `all` (default) runs it, then make bench,
+#         the two extras the findings need, and the documents: the kassela report (checked against
+#         10 M rows), the powered suite slimmed (`psbench slim --keep-seeds 5`) and reported,
+#         thesis.md, the scale model.
+# Between stretches, a stopped run loses only the run in flight. Where the machine may not be kept,
+# slim the powered suite and commit it as results/reference-next/ (see its README.md); the next
+# stretch copies it into OUT first, so its runs count as done.
+# The machine must be otherwise quiet: asynchronous runs' interleavings are what the study measures.
+set -euo pipefail
+commit=${1:?usage: regen_reference.sh COMMIT CLONE OUT [powered|all]}
+clone=${2:?usage: regen_reference.sh COMMIT CLONE OUT [powered|all]}
+out=${3:?usage: regen_reference.sh COMMIT CLONE OUT [powered|all]}
+what=${4:-all}
+case $what in powered|all) ;; *) echo "regen_reference.sh: '$what': give powered or all" >&2; exit 2;; esac
+here=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
+out=$(realpath -m "$out")
+
+if [ ! -d "$clone/.git" ]; then git clone --quiet "$here" "$clone"; fi
+git -C "$clone" fetch --quiet "$here" "$commit" 2>/dev/null || true
+git -C "$clone" checkout --quiet --detach "$commit"
+if [ -n "$(git -C "$clone" status --porcelain --untracked-files=no)" ]; then
+  echo "regen_reference.sh: $clone has uncommitted changes; the runs must come from a clean $commit" >&2; exit 2
+fi
+mkdir -p "$out"
+staged="$here/results/reference-next/sharding-powered"
+if [ -d "$staged" ]; then  # runs committed by an earlier stretch (slimmed): done, not rerun
+  mkdir -p "$out/sharding-powered"
+  for run in "$staged"/*/; do
+    name=$(basename "$run")
+    [ -f "$run/manifest.json" ] && [ ! -e "$out/sharding-powered/$name" ] && cp -r "$run" "$out/sharding-powered/$name"
+  done
+fi
+cd "$clone"
+stamp() { echo "regen $(date -u +%FT%TZ) $*"; }
+make setup
+stamp "powered design start"
+.venv/bin/psbench run --config bench/experiments/extra/sharding_powered.toml --results-dir "$out" --no-progress
+stamp "powered design done"
+[ "$what" = powered ] && exit 0
+
+stamp "make bench start"
+make bench RESULTS="$out"
+stamp "make bench done; extras start"
+.venv/bin/psbench bench --results-dir "$out" --no-progress \
+  bench/experiments/extra/kassela_10m.toml bench/experiments/extra/throughput.toml
+stamp "extras done"
+.venv/bin/psbench report "$out/kassela"
+.venv/bin/psbench slim "$out/sharding-powered" --keep-seeds 5
+.venv/bin/psbench report "$out/sharding-powered"
+.venv/bin/psbench thesis "$out"
+.venv/bin/psbench simulate --from "$out" --out "$out/simulate"
+stamp "documents done"
