@@ -16,7 +16,7 @@ import pandas as pd
 
 from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
-from psbench.core.tables import STEPS_DROPPED, table_files, read_table_file
+from psbench.core.tables import read_table_file, steps_kept as holds_steps, table_files
 
 # written into a suite folder beside its runs: by bench.report, and by `psbench netlab bench` (its table and plot)
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json", "bandwidth.csv", "bandwidth.png"}
@@ -84,12 +84,8 @@ def load_suite(path: Path | str) -> SuiteResults:
             raise ConfigError(f"{run_dir / 'manifest.json'}: run_id {run_id} appears twice in {path}")
         manifests[run_id] = manifest
         rows.append(_run_row(manifest, run_dir))
-        files = table_files(run_dir)  # Parquet or CSV, whichever the run wrote
-        if "steps" not in files and not (run_dir / STEPS_DROPPED).is_file():
-            raise ConfigError(f"{run_dir}: no steps table (steps.parquet or steps.csv) and no {STEPS_DROPPED} "
-                              "(`psbench slim` writes it where it drops one); the run folder is incomplete")
-        steps_kept[run_id] = "steps" in files
-        for name, file in files.items():
+        steps_kept[run_id] = holds_steps(run_dir)
+        for name, file in table_files(run_dir).items():  # Parquet or CSV, whichever the run wrote
             frames[name].append(_read_table(file, run_id))
         if (run_dir / "shards.json").is_file():
             shard_rows.extend(_shard_rows(run_dir / "shards.json", run_id))

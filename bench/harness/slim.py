@@ -22,7 +22,7 @@ from pathlib import Path
 
 from psbench.core.atomic import atomic_write_json
 from psbench.core.errors import ConfigError
-from psbench.core.tables import STEPS_DROPPED as DROPPED_MARK, read_table_file, table_file
+from psbench.core.tables import STEPS_DROPPED as DROPPED_MARK, read_table_file, steps_kept, table_file
 
 
 @dataclass
@@ -45,11 +45,9 @@ def drop_steps(run_dir: Path) -> int:
     """Replace one run's steps table by its mark; the bytes freed (0 if already dropped). The mark
     is written (atomically) before the table is removed: an interrupted call leaves both, which
     reads as kept, and the next call finishes it."""
+    if not steps_kept(run_dir):
+        return 0
     file = table_file(run_dir, "steps")
-    if file is None:
-        if (run_dir / DROPPED_MARK).is_file():
-            return 0
-        raise ConfigError(f"{run_dir}: no steps table and no {DROPPED_MARK}; not a complete run folder")
     size = file.stat().st_size
     mark = {"table": "steps", "file": file.name, "rows": len(read_table_file(file)), "bytes": size,
             "sha256": _sha256(file), "dropped_by": "psbench slim"}
@@ -73,7 +71,7 @@ def slim_suite(suite_dir: Path, keep_seeds: int) -> SlimReport:
         if not isinstance(seed, int):
             raise ConfigError(f"{run_dir / 'manifest.json'}: no integer seed; cannot tell whether to keep its steps")
         if seed < keep_seeds:
-            kept += table_file(run_dir, "steps") is not None
+            kept += steps_kept(run_dir)
             continue
         size = drop_steps(run_dir)
         dropped += size > 0

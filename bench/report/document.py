@@ -140,7 +140,7 @@ def _budgets(group: pd.DataFrame) -> str:
 def _runs_n(group: pd.DataFrame) -> int | str:
     """The runs behind a per-step figure: all of them, or 'k of n with steps' where `psbench slim`
     dropped some runs' per-step rows."""
-    if "steps_kept" not in group or group["steps_kept"].all():
+    if group["steps_kept"].all():
         return len(group)
     return f"{int(group['steps_kept'].sum())} of {len(group)} with steps"
 
@@ -201,7 +201,7 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
     runs = breakdown_groups(measures.annotate(res))
     rows = []
     for key, group in runs.groupby(GROUP, sort=True):
-        row: dict[str, Any] = {**_key_cells(key), "runs": _runs_n(group)}
+        row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}  # runs with steps only (breakdown_groups)
         for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update"),
                              strict=True):
             _with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
@@ -601,7 +601,7 @@ def method_text() -> str:
 
 def steps_kept_text(res: SuiteResults) -> str:
     """Where `psbench slim` dropped runs' per-step rows: which runs the per-step figures rest on."""
-    kept = res.runs["steps_kept"] if "steps_kept" in res.runs else pd.Series(True, index=res.runs.index)
+    kept = res.runs["steps_kept"]
     if kept.all():
         return ""
     seeds = sorted(res.runs.loc[kept, "seed"].astype(int).unique())

@@ -90,10 +90,9 @@ def annotate(res: SuiteResults) -> SuiteResults:
         per_worker[run_id] = len(rows) / max(1, rows["worker"].nunique())
     runs["steady_samples_per_s"] = runs["run_id"].map(steady).astype(float)
     # a run whose rows were dropped (psbench slim): its summary's step count, taken when it ended
-    dropped = ~runs["steps_kept"] if "steps_kept" in runs else pd.Series(False, index=runs.index)
     summary_steps = pd.to_numeric(runs["steps"], errors="coerce") if "steps" in runs else math.nan
     runs["steps_per_worker"] = (runs["run_id"].map(per_worker).astype(float)
-                                .where(~dropped, summary_steps / runs["workers"]).fillna(0.0))
+                                .where(runs["steps_kept"], summary_steps / runs["workers"]).fillna(0.0))
     train_s = pd.to_numeric(runs["train_s"], errors="coerce").fillna(0.0)
     runs["too_short"] = [too_short(s, t, res.suite) for s, t in zip(runs["steps_per_worker"], train_s)]
     runs["cpu_flag"] = [cpu_flag(c, p, u) for c, p, u in zip(runs["cores"], runs["cpu_demand"], runs["cpu_measured"])]

@@ -28,6 +28,17 @@ def table_file(run_dir: Path, table: str) -> Path | None:
     return found[0] if found else None
 
 
+def steps_kept(run_dir: Path) -> bool:
+    """Whether a run folder holds its steps table (True) or the mark of its drop (False); a folder
+    with neither is incomplete: an error naming it."""
+    if table_file(run_dir, "steps") is not None:
+        return True
+    if (Path(run_dir) / STEPS_DROPPED).is_file():
+        return False
+    raise ConfigError(f"{run_dir}: no steps table (steps.parquet or steps.csv) and no {STEPS_DROPPED} "
+                      "(`psbench slim` writes it where it drops one); the run folder is incomplete")
+
+
 def table_files(run_dir: Path) -> dict[str, Path]:
     """table name -> file, for the tables this run folder holds."""
     return {table: file for table in TABLES if (file := table_file(run_dir, table)) is not None}
