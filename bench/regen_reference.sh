@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate the reference results from ONE clean commit, resumably, across as many working
-# stretches as it takes (about 6 hours on 2 cores: the powered sharding design 4.2 h, make bench
+# stretches as it takes (about 12 hours on 2 cores: the powered sharding design ~10 h, make bench
 # ~72 min, the extras ~37 min). Every step resumes: a complete run (its manifest) is never rerun.
 #
 #   bash bench/regen_reference.sh COMMIT CLONE OUT [powered|all]
@@ -32,13 +32,23 @@ if [ -n "$(git -C "$clone" status --porcelain --untracked-files=no)" ]; then
 fi
 mkdir -p "$out"
 staged="$here/results/reference-next/sharding-powered"
-if [ -d "$staged" ]; then  # runs committed by an earlier stretch (slimmed): done, not rerun
+if [ -d "$staged" ]; then  # runs of COMMIT committed by an earlier stretch (slimmed): done, not rerun
+  sha=$(git -C "$clone" rev-parse HEAD)
   mkdir -p "$out/sharding-powered"
   for run in "$staged"/*/; do
     name=$(basename "$run")
-    [ -f "$run/manifest.json" ] && [ ! -e "$out/sharding-powered/$name" ] && cp -r "$run" "$out/sharding-powered/$name"
+    [ -f "$run/manifest.json" ] || continue
+    if ! grep -q "\"git_sha\": \"$sha\"" "$run/manifest.json"; then  # another commit's run is not a run of this one
+      echo "regen_reference.sh: $run is not from $commit; clear results/reference-next/ first" >&2; exit 2
+    fi
+    [ -e "$out/sharding-powered/$name" ] || cp -r "$run" "$out/sharding-powered/$name"
   done
 fi
+for manifest in "$out"/*/*/manifest.json; do  # nor may OUT hold another commit's runs
+  [ -f "$manifest" ] || continue
+  grep -q "\"git_sha\": \"$(git -C "$clone" rev-parse HEAD)\"" "$manifest" || {
+    echo "regen_reference.sh: $manifest is not from $commit; give an empty OUT or one of this commit's" >&2; exit 2; }
+done
 cd "$clone"
 stamp() { echo "regen $(date -u +%FT%TZ) $*"; }
 make setup

@@ -101,8 +101,13 @@ def test_scaling_and_sharding_tables_compute_what_they_claim(suite):
     power = table.set_index("sharding")["detectable ratio (80% power)"]
     seeds = int(table.set_index("sharding")["seeds"]["stratified"])
     assert pd.isna(power["random"])
-    assert power["stratified"] == pytest.approx(variance_power.detectable_ratio(seeds, seeds, alpha))
-    assert table.set_index("sharding")["seeds for 2x"]["stratified"] == variance_power.seeds_for(2.0, alpha)
+    normal = table.set_index("sharding")["detectable if normal (F)"]
+    assert normal["stratified"] == pytest.approx(variance_power.detectable_ratio(seeds, seeds, alpha))
+    # the verdict's test's power needs the tails read from enough random-shard runs; this fixture's few
+    # seeds carry no shape, so the table says nothing rather than a normal figure under its name
+    from psbench.bench.report import thesis
+    assert len(thesis.sharding_residuals(res)) < variance_power.MIN_POOL
+    assert pd.isna(power["stratified"]) and pd.isna(table.set_index("sharding")["seeds for 2x"]["stratified"])
 
 
 def test_peers_table_sets_ps_beside_each_peer(suite, report):

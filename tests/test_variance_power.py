@@ -2,6 +2,8 @@
 no effect, checked against the F distribution's own figures and by simulation."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy import stats as sps
@@ -49,3 +51,78 @@ def test_seeds_for_is_the_smallest_that_detects_the_effect():
     assert vp.detectable_ratio(need, need, 0.05 / 8) <= 2.0 < vp.detectable_ratio(need - 1, need - 1, 0.05 / 8)
     assert vp.seeds_for(2.0) < need  # a correction costs seeds
     assert vp.seeds_for(1.0001) is None  # no design in reach separates a ratio this close to 1
+
+
+# ---- the verdict's test, from observed tails ------------------------------------------------------
+
+def _heavy_pool(n: int = 4000) -> np.ndarray:
+    """Standardised draws with tails like final accuracies' (Student t, 4 degrees of freedom)."""
+    return vp.standardised_residuals([np.random.default_rng(2).standard_t(4, n)])
+
+
+def test_the_robust_test_holds_its_level_under_heavy_tails_where_the_f_test_does_not():
+    pool, n, alpha = _heavy_pool(), 60, 0.01
+    assert vp.simulated_level(pool, n, alpha) == pytest.approx(alpha, abs=0.004)
+    rng = np.random.default_rng(1)  # null draws like the simulation's, through the two-sided F test
+    a, b = (pool[rng.integers(0, len(pool), size=(40_000, n))] for _ in range(2))
+    ratio = a.var(axis=1, ddof=1) / b.var(axis=1, ddof=1)
+    f_rejects = np.mean((sps.f.sf(ratio, n - 1, n - 1) < alpha / 2) | (sps.f.cdf(ratio, n - 1, n - 1) < alpha / 2))
+    assert f_rejects > 3 * alpha
+
+
+@pytest.mark.parametrize("n", [40, 120])
+def test_the_detectable_ratio_has_the_stated_power_on_fresh_draws(n):
+    pool, alpha = _heavy_pool(), 0.05 / 16
+    detectable = vp.simulated_detectable_ratio(pool, n, alpha)
+    # other draws than the search's own (another seed): the power holds up to simulation noise
+    assert vp.simulated_power(pool, n, detectable, alpha, seed=99) == pytest.approx(vp.POWER, abs=0.025)
+    assert vp.simulated_power(pool, n, detectable / 1.5, alpha, seed=99) < vp.POWER - 0.1
+    # heavier tails than normal: the robust test needs a larger ratio than the normal-theory F figure
+    assert detectable > vp.detectable_ratio(n, n, alpha)
+
+
+def test_seeds_from_the_tails_are_the_fewest_that_reach_the_power():
+    pool, alpha = _heavy_pool(), 0.05 / 16
+    need = vp.simulated_seeds_for(pool, 2.0, alpha)
+    assert vp.simulated_power(pool, need, 2.0, alpha) >= vp.POWER > vp.simulated_power(pool, need - 1, 2.0, alpha)
+    assert vp.simulated_power(pool, need - 10, 2.0, alpha) < vp.POWER
+    assert need > vp.seeds_for(2.0, alpha)
+    assert vp.simulated_seeds_for(pool, 1.01, alpha) is None
+    found = vp.tail_power(pool, 110, alpha, 2.0)
+    assert found.seeds_for_effect == need and f"2x needs {need} seeds" in found.text()
+    assert vp.tail_power(pool[:20], 110, alpha, 2.0) is None  # too few values to carry a shape
+
+
+def test_standardised_residuals_take_each_samples_scale_out():
+    pooled = vp.standardised_residuals([np.array([1.0, 2.0, 3.0, 10.0]), np.array([100.0, 300.0, 200.0]),
+                                        np.array([5.0, 5.0, 5.0]), np.array([1.0, np.nan])])
+    assert len(pooled) == 7  # the constant and the too-short samples carry no shape
+    assert pooled[:4].std(ddof=1) == pytest.approx(1.0) and pooled[4:].std(ddof=1) == pytest.approx(1.0)
+    assert np.median(pooled[4:]) == 0.0
+
+
+def test_the_papers_null_with_normal_tails_is_the_normal_figure():
+    normal = vp.standardised_residuals([np.random.default_rng(4).standard_normal(20_000)])
+    assert vp.paper_null_with_tails(normal, 8.48) == pytest.approx(
+        vp.largest_of_simulated(8.48, vp.PAPER_RUNS, vp.PAPER_DATASETS, vp.PAPER_STRATEGIES), abs=0.015)
+    assert vp.paper_null_with_tails(_heavy_pool(), 8.48) > vp.paper_null_with_tails(normal, 8.48) + 0.05
+
+
+def test_the_powered_designs_seeds_are_what_the_pilots_tails_ask_for():
+    """bench/experiments/extra/sharding_powered.toml runs the seeds a 2x effect needs at 0.05 / 16
+    by the verdict's test, simulated from the pilot's random-shard runs (results/pilot/): change the
+    test, the level or the pilot and this fails until the design's seeds follow."""
+    import pandas as pd
+    from psbench.bench.harness.matrix import load_experiment
+    from psbench.bench.report import thesis
+
+    root = Path(__file__).resolve().parents[1]
+    design = load_experiment(root / "bench/experiments/extra/sharding_powered.toml")
+    seeds = sorted({spec.seed for spec in design.specs})
+    cells = {(s.workload, s.sharding, s.stragglers) for s in design.specs}
+    tested = sum(sharding != "random" for _, sharding, _ in cells) * len(thesis.SHARDING_TESTED)
+    assert tested == 16 and len(design.specs) == len(cells) * len(seeds) and seeds == list(range(len(seeds)))
+    pilot = pd.read_csv(root / "results/pilot/sharding-powered-0524d41.csv")
+    assert len(pilot) == 1320 and pilot["git_sha"].str.startswith("0524d41").all()
+    pool = thesis.random_residuals(pilot)
+    assert len(seeds) == vp.simulated_seeds_for(pool, thesis.SHARDING_EFFECT, thesis.ALPHA / tested)

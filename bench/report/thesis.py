@@ -20,7 +20,9 @@ import argparse
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Iterable, Iterator
 
+import numpy as np
 import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults, load_suite
@@ -75,13 +77,20 @@ RULES = {
               f"over the variants); not reproduced if every variant that switched has its speed-up interval "
               f"below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; else inconclusive",
     "sharding": f"the ratios tested are those of final training and validation accuracy (the paper's figures' "
-                f"metrics; the losses are shown in the suite's report, not tested); reproduced if a ratio's 95% "
-                f"interval lies above 1 and its paired (Pitman–Morgan) p-value stays "
-                f"below {ALPHA:g} after a Bonferroni correction over every ratio tested; not reproduced if every "
-                f"ratio's interval lies below {SHARDING_EFFECT:g}x (the paper's smallest effect ruled out); else "
-                f"inconclusive. Only comparisons whose runs learned count: a workload and condition whose mean final "
-                f"validation accuracy stays below {TRAINED_FACTOR:g}x chance (1 / its classes, from the shard "
-                f"reports) is left out and named (the variance of untrained models says nothing of sharding)",
+                f"metrics; the losses are shown in the suite's report, not tested), each paired by seed. A ratio "
+                f"counts where the paired Brown–Forsythe test (a paired t test on absolute deviations from the "
+                f"median; it holds its level under the heavy tails final accuracies show, where the F and "
+                f"Pitman–Morgan tests do not) rejects equal spread at {ALPHA:g} ÷ the ratios tested (Bonferroni); "
+                f"its direction is the spread ratio's (random's mean absolute deviation ÷ the strategy's, squared: "
+                f"the variance ratio where the two differ in scale only), shown with its interval at that level. "
+                f"Reproduced if some ratio counts as lower variance and none as higher; not reproduced if some "
+                f"counts as higher and none as lower, or none counts and every spread ratio's corrected interval "
+                f"lies below {SHARDING_EFFECT:g}x (the paper's smallest effect ruled out); inconclusive otherwise, "
+                f"or where ratios count both ways. The variance ratio with its 95% interval and the Pitman–Morgan p "
+                f"are shown, not tested. Power: the test's, from the random-shard runs' own tails (bench/report/"
+                f"variance_power.py). Only comparisons whose runs learned count: a workload and condition whose "
+                f"mean final validation accuracy stays below {TRAINED_FACTOR:g}x chance (1 / its classes, from the "
+                f"shard reports) is left out and named (the variance of untrained models says nothing of sharding)",
 }
 
 
@@ -231,40 +240,84 @@ def switch(res: SuiteResults) -> Finding | None:
 
 # ---- sharding variance ---------------------------------------------------------------------------
 
-def sharding_variance_ratio(base: pd.DataFrame, other: pd.DataFrame, metric: str) -> VarianceRatio:
+def sharding_variance_ratio(base: pd.DataFrame, other: pd.DataFrame, metric: str,
+                            spread_confidence: float | None = None) -> VarianceRatio:
     """random's (`base`) variance of a final metric ÷ a strategy's (`other`), one value per seed:
     paired over the seeds both ran when at least 3 did (the design: a seed fixes the initial
-    weights, batch order and split, so only the shards change; interval over resampled seeds and
-    the Pitman–Morgan test), otherwise as two independent samples over all their seeds."""
+    weights, batch order and split, so only the shards change; intervals over resampled seeds, the
+    paired Brown–Forsythe and Pitman–Morgan tests), otherwise as two independent samples over all
+    their seeds. `spread_confidence`: the level of the spread ratio's interval (the verdict's
+    corrected level)."""
     a = base.dropna(subset=[metric]).groupby("seed")[metric].first()
     b = other.dropna(subset=[metric]).groupby("seed")[metric].first()
     seeds = sorted(set(a.index) & set(b.index))
     if len(seeds) >= 3:
-        return paired_variance_ratio(a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float))
+        return paired_variance_ratio(a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float),
+                                     spread_confidence=spread_confidence)
     return variance_ratio(a.to_numpy(dtype=float), b.to_numpy(dtype=float))
+
+
+def _comparisons(res: SuiteResults) -> Iterator[tuple[tuple, pd.DataFrame, str, pd.DataFrame, str, str]]:
+    """(configuration key, random's runs, strategy, its runs, metric, title) of every strategy run
+    alike beside random sharding."""
+    runs = sharding_runs(res.runs)
+    for key, group in runs.groupby(SHARDING_GROUP, sort=True):
+        base = group[group["sharding"] == "random"]
+        if base.empty:
+            continue
+        for strategy in _strategy_order(group["sharding"].unique()):
+            if strategy == "random":
+                continue
+            for metric, title in SHARDING_METRICS:
+                if metric in group.columns:
+                    yield key, base, strategy, group[group["sharding"] == strategy], metric, title
+
+
+def sharding_level(res: SuiteResults) -> tuple[float, int]:
+    """(Bonferroni level, ratios tested): the accuracies' ratios of comparisons whose runs learned."""
+    failed = untrained(res)
+    tested = sum(metric in SHARDING_TESTED and (key[0], key[4]) not in failed
+                 for key, _, _, _, metric, _ in _comparisons(res))
+    return ALPHA / max(1, tested), tested
+
+
+def random_residuals(runs: pd.DataFrame, left_out: Iterable[tuple[str, str]] = ()) -> np.ndarray:
+    """The random-shard runs' tested metrics, standardised per configuration and metric and pooled
+    (variance_power.standardised_residuals): the tails a design's power is simulated from, free of
+    any strategy's effect. `runs`: one row a run with the SHARDING_GROUP columns (a suite's, or the
+    pilot's table in results/pilot/); `left_out`: (workload, conditions) not to count."""
+    skip = set(left_out)
+    samples = [group.loc[group["sharding"] == "random", metric].to_numpy(dtype=float)
+               for key, group in runs.groupby(SHARDING_GROUP, sort=True) if (key[0], key[4]) not in skip
+               for metric in SHARDING_TESTED if metric in group.columns]
+    return variance_power.standardised_residuals(samples)
+
+
+def sharding_residuals(res: SuiteResults) -> np.ndarray:
+    """random_residuals of a suite's comparisons whose runs learned."""
+    return random_residuals(sharding_runs(res.runs), untrained(res))
 
 
 def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
     """Per configuration, strategy and final metric: random's variance ÷ the strategy's over the
-    seeds both ran (paired: only the shard assignment changed), interval and p-values."""
-    runs = sharding_runs(res.runs)
+    seeds both ran (paired: only the shard assignment changed) with its 95% interval, and the
+    spread ratio with its interval at the verdict's corrected level and the paired tests."""
+    alpha, _ = sharding_level(res)
     rows = []
-    for key, group in runs.groupby(SHARDING_GROUP, sort=True):
-        base = group[group["sharding"] == "random"]
-        for strategy in _strategy_order(group["sharding"].unique()):
-            if strategy == "random" or base.empty:
-                continue
-            other = group[group["sharding"] == strategy]
-            for metric, title in SHARDING_METRICS:
-                if metric not in group.columns:
-                    continue
-                vr = sharding_variance_ratio(base, other, metric)
-                rows.append({"workload": key[0], "workers": key[2], "conditions": key[4], "sharding": strategy,
-                             "metric": title, "tested": metric in SHARDING_TESTED,
-                             "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
-                             "p_paired": vr.p_pitman_morgan, "p_brown_forsythe": vr.p_brown_forsythe})
-    return pd.DataFrame(rows, columns=["workload", "workers", "conditions", "sharding", "metric", "tested", "seeds",
-                                       "ratio", "lo", "hi", "p_paired", "p_brown_forsythe"])
+    for key, base, strategy, other, metric, title in _comparisons(res):
+        vr = sharding_variance_ratio(base, other, metric, spread_confidence=1 - alpha)
+        rows.append({"workload": key[0], "label": key[1], "workers": key[2], "batch_size": key[3],
+                     "conditions": key[4], "sharding": strategy,
+                     "metric": title, "tested": metric in SHARDING_TESTED,
+                     "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
+                     "spread": vr.spread_ratio, "spread_lo": vr.spread_lo, "spread_hi": vr.spread_hi,
+                     "p_bf_paired": vr.p_paired_brown_forsythe, "p_paired": vr.p_pitman_morgan,
+                     "p_brown_forsythe": vr.p_brown_forsythe, "p_f": vr.p_f})
+    return pd.DataFrame(rows, columns=RATIO_COLUMNS)
+
+
+RATIO_COLUMNS = ["workload", "label", "workers", "batch_size", "conditions", "sharding", "metric", "tested", "seeds", "ratio", "lo", "hi",
+                 "spread", "spread_lo", "spread_hi", "p_bf_paired", "p_paired", "p_brown_forsythe", "p_f"]
 
 
 def untrained(res: SuiteResults) -> dict[tuple[str, str], tuple[float, float]]:
@@ -294,30 +347,46 @@ def sharding(res: SuiteResults) -> Finding | None:
     if ratios.empty:
         return Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(idle),
                        INCONCLUSIVE, RULES["sharding"], res.suite)
-    m = len(ratios)
-    above = ratios[(ratios["lo"] > 1)]
-    significant = above[above["p_paired"] * m < ALPHA]
+    alpha, m = sharding_level(res)
+    significant = ratios["p_bf_paired"] < alpha
+    lower = ratios[significant & (ratios["spread"] > 1)]   # the strategy less variable than random
+    higher = ratios[significant & (ratios["spread"] < 1)]  # more variable: against the paper
     best = ratios.loc[ratios["ratio"].idxmax()]
+
     def where(r: pd.Series) -> str:
         return f"{r['workload']}, {r['conditions']}" if ratios["conditions"].nunique() > 1 else r["workload"]
 
-    parts = [f"largest: {best['sharding']} {best['metric']} ({where(best)}) "
-             f"{_fmt_ci(Interval(int(best['seeds']), best['ratio'], best['lo'], best['hi']))}, "
-             f"paired p={best['p_paired']:.3g}",
-             f"{len(above)} of {m} ratios have their interval above 1"
-             + (f" ({len(significant)} after Bonferroni)" if len(above) else "")]
-    for _, r in above.iterrows():
-        parts.append(f"{r['sharding']} {r['metric']} ({where(r)}) "
-                     f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, p={r['p_paired']:.3g}")
+    def describe(r: pd.Series) -> str:
+        return (f"{r['sharding']} {r['metric']} ({where(r)}) variance ratio "
+                f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, spread ratio "
+                f"{r['spread']:.2f} [{r['spread_lo']:.2f}, {r['spread_hi']:.2f}] at {1 - alpha:.4f}, "
+                f"paired Brown–Forsythe p={r['p_bf_paired']:.3g} (Pitman–Morgan p={r['p_paired']:.3g})")
+
+    parts = [f"largest: {describe(best)}",
+             f"{len(lower)} of {m} ratios significantly lower (paired Brown–Forsythe at {ALPHA:g}/{m}), "
+             f"{len(higher)} significantly higher"]
+    parts += [f"lower: {describe(r)}" for _, r in lower.iterrows()]
+    parts += [f"higher (against the paper): {describe(r)}" for _, r in higher.iterrows()]
     seeds = int(ratios["seeds"].min())
-    parts.append(f"power: {seeds} seeds a strategy detect a ratio of "
-                 f"{variance_power.detectable_ratio(seeds, seeds, ALPHA / m):.2f}x with 80% power at {ALPHA:g}/{m}; "
-                 f"{SHARDING_EFFECT:g}x needs {variance_power.seeds_label(SHARDING_EFFECT, ALPHA / m)} seeds")
+    pool = sharding_residuals(res)
+    tails = variance_power.tail_power(pool, seeds, alpha, SHARDING_EFFECT)
+    parts.append("power: " + (tails.text() if tails else f"{seeds} seeds a strategy; too few random-shard results to "
+                                                         f"read the tails from ({len(pool)}; {variance_power.MIN_POOL} "
+                                                         f"needed)")
+                 + f"; were the metrics normal, an F test would detect "
+                 f"{variance_power.detectable_ratio(seeds, seeds, alpha):.2f}x and {SHARDING_EFFECT:g}x would need "
+                 f"{variance_power.seeds_label(SHARDING_EFFECT, alpha)} seeds")
     parts.append("the paper's design: " + variance_power.paper_design_text())
+    if tails:
+        parts.append("with tails like ours, the largest of its 12 null ratios reaches "
+                     + ", ".join(f"{r:g} with probability {variance_power.paper_null_with_tails(pool, r):.2f}"
+                                 for r in variance_power.PAPER_RATIOS))
     parts += idle
-    if len(significant):
+    if len(lower) and len(higher):
+        verdict = INCONCLUSIVE  # significant both ways: the strategies' effect depends on the data
+    elif len(lower):
         verdict = REPRODUCED
-    elif (ratios["hi"] < SHARDING_EFFECT).all():
+    elif len(higher) or (ratios["spread_hi"] < SHARDING_EFFECT).all():
         verdict = NOT_REPRODUCED
     else:
         verdict = INCONCLUSIVE
