@@ -24,16 +24,17 @@ case $what in powered|all) ;; *) echo "regen_reference.sh: '$what': give powered
 here=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 out=$(realpath -m "$out")
 
+sha=$(git -C "$here" rev-parse --verify --quiet "$commit^{commit}") || {
+  echo "regen_reference.sh: '$commit' is not a commit of $here" >&2; exit 2; }
 if [ ! -d "$clone/.git" ]; then git clone --quiet "$here" "$clone"; fi
-git -C "$clone" fetch --quiet "$here" "$commit" 2>/dev/null || true
-git -C "$clone" checkout --quiet --detach "$commit"
+git -C "$clone" fetch --quiet "$here" '+refs/heads/*:refs/remotes/here/*'  # an existing clone: bring the new commits
+git -C "$clone" checkout --quiet --detach "$sha"
 if [ -n "$(git -C "$clone" status --porcelain --untracked-files=no)" ]; then
   echo "regen_reference.sh: $clone has uncommitted changes; the runs must come from a clean $commit" >&2; exit 2
 fi
 mkdir -p "$out"
 staged="$here/results/reference-next/sharding-powered"
 if [ -d "$staged" ]; then  # runs of COMMIT committed by an earlier stretch (slimmed): done, not rerun
-  sha=$(git -C "$clone" rev-parse HEAD)
   mkdir -p "$out/sharding-powered"
   for run in "$staged"/*/; do
     name=$(basename "$run")
@@ -46,7 +47,7 @@ if [ -d "$staged" ]; then  # runs of COMMIT committed by an earlier stretch (sli
 fi
 for manifest in "$out"/*/*/manifest.json; do  # nor may OUT hold another commit's runs
   [ -f "$manifest" ] || continue
-  grep -q "\"git_sha\": \"$(git -C "$clone" rev-parse HEAD)\"" "$manifest" || {
+  grep -q "\"git_sha\": \"$sha\"" "$manifest" || {
     echo "regen_reference.sh: $manifest is not from $commit; give an empty OUT or one of this commit's" >&2; exit 2; }
 done
 cd "$clone"
