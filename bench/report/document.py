@@ -323,7 +323,6 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
               for r in thesis_findings.sharding_ratios(res).itertuples()}
     alpha, _ = thesis_findings.sharding_level(res)
     pool = thesis_findings.sharding_residuals(res)
-    tails: dict[int, variance_power.TailPower | None] = {}
     rows = []
     for key, group in runs.groupby(SHARDING_GROUP, sort=True):
         for metric, title in metrics:
@@ -355,9 +354,8 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
     frame["in the verdict"] = ["yes" if t else "–" if s == "random" else "no: shown, not tested"
                                for t, s in zip(tested, frame["sharding"])]
     effect = thesis_findings.SHARDING_EFFECT
-    for seeds in {int(n) for t, n in zip(tested, frame["seeds"]) if t}:
-        tails[seeds] = variance_power.tail_power(pool, seeds, alpha, effect)
-    power = [tails.get(int(n)) if t else None for t, n in zip(tested, frame["seeds"])]
+    power = [variance_power.tail_power(pool, int(n), alpha, effect) if t else None
+             for t, n in zip(tested, frame["seeds"])]  # one simulation per seed count: tail_power is cached
     frame[f"detectable ratio ({variance_power.POWER:.0%} power)"] = [p.detectable if p else None for p in power]
     frame[f"seeds for {effect:g}x"] = [
         None if p is None else p.seeds_for_effect if p.seeds_for_effect is not None else f"> {variance_power.MAX_SEEDS}"
@@ -758,7 +756,8 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "differ in scale only, with its interval at the verdict's corrected level. The verdict tests the "
           "accuracies' ratios (the paper's figures are on accuracy) by the paired Brown–Forsythe test at 0.05 ÷ "
           "the ratios tested (Bonferroni): final accuracies are heavy-tailed, and there the Pitman–Morgan "
-          "test (shown) and the F test reject far more often than their level. The losses' ratios are shown, not tested. "
+          "test (shown) and the F test reject far more often than their level. The losses' ratios are shown, "
+          "not tested. "
           "Power: the smallest true ratio this many seeds detect with 80% power by the verdict's test, and the "
           "seeds per strategy a 2x effect needs, from the random-shard runs' own tails; 'detectable if normal': "
           "the one-sided F test's figure, which holds for normal metrics only (bench/report/variance_power.py). "

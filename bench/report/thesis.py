@@ -298,6 +298,11 @@ def sharding_residuals(res: SuiteResults) -> np.ndarray:
     return random_residuals(sharding_runs(res.runs), untrained(res))
 
 
+RATIO_COLUMNS = ["workload", "label", "workers", "batch_size", "conditions", "sharding", "metric", "tested", "seeds",
+                 "ratio", "lo", "hi", "spread", "spread_lo", "spread_hi", "p_bf_paired", "p_paired", "p_brown_forsythe",
+                 "p_f"]
+
+
 def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
     """Per configuration, strategy and final metric: random's variance ÷ the strategy's over the
     seeds both ran (paired: only the shard assignment changed) with its 95% interval, and the
@@ -314,10 +319,6 @@ def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
                      "p_bf_paired": vr.p_paired_brown_forsythe, "p_paired": vr.p_pitman_morgan,
                      "p_brown_forsythe": vr.p_brown_forsythe, "p_f": vr.p_f})
     return pd.DataFrame(rows, columns=RATIO_COLUMNS)
-
-
-RATIO_COLUMNS = ["workload", "label", "workers", "batch_size", "conditions", "sharding", "metric", "tested", "seeds", "ratio", "lo", "hi",
-                 "spread", "spread_lo", "spread_hi", "p_bf_paired", "p_paired", "p_brown_forsythe", "p_f"]
 
 
 def untrained(res: SuiteResults) -> dict[tuple[str, str], tuple[float, float]]:

@@ -246,6 +246,14 @@ def tail_power(pool: np.ndarray, seeds: int, alpha: float, effect: float) -> Tai
     """None where the pool is too small to carry a shape (under MIN_POOL values) or seeds < 3."""
     if len(pool) < MIN_POOL or seeds < 3:
         return None
+    return _tail_power(np.ascontiguousarray(pool, dtype=float).tobytes(), seeds, alpha, effect)
+
+
+@functools.lru_cache(maxsize=32)
+def _tail_power(pool_bytes: bytes, seeds: int, alpha: float, effect: float) -> TailPower:
+    # Cached on the pool's bytes: a report asks for one design's power in its sharding table, the
+    # table's caption and its verdict, and the simulations behind it are the dear part.
+    pool = np.frombuffer(pool_bytes)
     return TailPower(len(pool), float(sps.kurtosis(pool)), seeds, alpha, simulated_level(pool, seeds, alpha),
                      simulated_detectable_ratio(pool, seeds, alpha), effect, simulated_seeds_for(pool, effect, alpha))
 
