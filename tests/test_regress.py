@@ -180,24 +180,32 @@ def test_against_checks_its_input_and_falls_back_only_for_the_baselines_own_comm
     assert "comparing with the baseline's stored values instead" in err and "fake.throughput.vs_single" in out
 
 
-def test_side_by_side_tolerance_comes_from_the_noisier_side():
+def test_side_by_side_tolerance_comes_from_the_noisier_side_or_the_recorded_spread():
     rule = ToleranceRule(mads=4.0, floor=0.1)
     there = {"m.steady": Measured(1.0, True, (1.0, 1.01, 0.99, 1.0, 1.0)),
-             "m.noisy_here": Measured(1.0, False, (1.0, 1.0, 1.0, 1.0, 1.0)), "m.gone": Measured(1.0, True, (1.0,))}
+             "m.noisy_here": Measured(1.0, False, (1.0, 1.0, 1.0, 1.0, 1.0)), "m.gone": Measured(1.0, True, (1.0,)),
+             "m.lucky": Measured(1.0, True, (1.0, 1.01, 0.99, 1.0)),
+             "m.noisy": Measured(1.0, True, (1.0, 1.01, 0.99, 1.0))}
     here = {"m.steady": Measured(0.85, True, (0.85, 0.85, 0.86, 0.84, 0.85)),
-            "m.noisy_here": Measured(1.2, False, (1.2, 1.3, 1.1, 1.4, 1.0)), "m.new": Measured(2.0, True, (2.0,))}
-    base = regress.side_by_side_baseline(there, here, rule)
+            "m.noisy_here": Measured(1.2, False, (1.2, 1.3, 1.1, 1.4, 1.0)), "m.new": Measured(2.0, True, (2.0,)),
+            "m.lucky": Measured(0.88, True, (0.88, 0.87, 0.88, 0.89)),
+            "m.noisy": Measured(0.88, True, (0.88, 0.87, 0.88, 0.89))}
+    # the baseline file's repeats of m.noisy spread 5%: this run's tight 4 + 4 do not make it gate 10%
+    recorded = {"metrics": {"m.noisy": {"value": 1.0, "spread": 0.05}, "m.steady": {"value": 1.0, "spread": 0.01}}}
+    base = regress.side_by_side_baseline(there, here, rule, recorded)
     assert base["metrics"]["m.steady"]["tolerance"] == 0.1
     assert base["metrics"]["m.noisy_here"] == {"value": 1.0, "higher_is_better": False,
                                                "tolerance": rule.tolerance([1.2, 1.3, 1.1, 1.4, 1.0])}
+    assert base["metrics"]["m.noisy"]["tolerance"] == 0.2 and base["metrics"]["m.lucky"]["tolerance"] == 0.1
     rows = compare(base, here)
-    assert [status(rows, m) for m in ("m.steady", "m.noisy_here", "m.gone", "m.new")] == \
-        ["REGRESSION", "ok", "not measured", "new"]
+    assert [status(rows, m) for m in ("m.steady", "m.noisy_here", "m.gone", "m.new", "m.lucky", "m.noisy")] == \
+        ["REGRESSION", "ok", "not measured", "new", "REGRESSION", "ok"]
     # the run says which metrics it could have caught a 20% slow-down on: m.noisy_here's tolerance
-    # (4 x MAD 0.1 / median 1.2 = 33%) lets one through; m.gone and m.new were not compared
+    # (4 x MAD 0.1 / median 1.2 = 33%) and m.noisy's (4 x its recorded 5% = 20%) let one through;
+    # m.gone and m.new were not compared
     line = regress.gate_coverage(rows)
-    assert line.startswith("this run gates a 20% slow-down on 1 of 2 metrics"), line
-    assert "too noisy here to: m.noisy_here (±33%)" in line and "m.gone" not in line
+    assert line.startswith("this run gates a 20% slow-down on 2 of 4 metrics"), line
+    assert "too noisy here to: m.noisy (±20%), m.noisy_here (±33%)" in line and "m.gone" not in line
     steady = [r for r in rows if r.metric == "m.steady"]
     assert regress.gate_coverage(steady) == "this run gates a 20% slow-down on 1 of 1 metrics"
 
