@@ -81,7 +81,6 @@ def spread(samples: tuple[float, ...] | list[float]) -> float:
     return statistics.median(abs(v - mid) for v in samples) / abs(mid) if mid else 0.0
 
 
-
 @dataclass(frozen=True)
 class Ratio:
     value: float
