@@ -126,3 +126,19 @@ def test_the_powered_designs_seeds_are_what_the_pilots_tails_ask_for():
     assert len(pilot) == 1320 and pilot["git_sha"].str.startswith("0524d41").all()
     pool = thesis.random_residuals(pilot)
     assert len(seeds) == vp.simulated_seeds_for(pool, thesis.SHARDING_EFFECT, thesis.ALPHA / tested)
+
+
+def test_the_simulated_statistic_is_the_verdicts_test_row_by_row():
+    """The power simulation stands for the verdict's test only while both compute the same statistic:
+    each simulated row's t, through the t distribution, is the p the verdict's paired test gives the
+    same runs (both sides' deviations from their own medians, then a paired t)."""
+    from psbench.bench.report.stats import paired_variance_ratio
+
+    pool, n, reps, seed = _heavy_pool(), 25, 30, 7
+    rng = np.random.default_rng(seed)  # the draws _deviations makes from this seed
+    a, b = (pool[rng.integers(0, len(pool), size=(reps, n))] for _ in range(2))
+    dev_a, dev_b = vp._deviations(pool, n, reps, seed)
+    t = vp._t(dev_a, dev_b)
+    for row in range(reps):
+        verdict_p = paired_variance_ratio(a[row], b[row]).p_paired_brown_forsythe
+        assert 2 * sps.t.sf(abs(t[row]), n - 1) == pytest.approx(verdict_p, rel=1e-9)

@@ -374,7 +374,7 @@ def sharding_power_text(res: SuiteResults, sharding: pd.DataFrame) -> str:
     alpha, _ = thesis_findings.sharding_level(res)
     tails = variance_power.tail_power(thesis_findings.sharding_residuals(res), int(tested["seeds"].min()), alpha,
                                       thesis_findings.SHARDING_EFFECT)
-    return f"Power: {tails.text()}." if tails else "Power: too few random-shard results to read the tails from."
+    return f"Power: {tails.text()}." if tails else f"Power: {variance_power.TOO_FEW_TAILS}."
 
 
 PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (issue 18: ps >= 2x each at 4 workers)

@@ -173,6 +173,12 @@ def paired_diff_ci(values: Sequence[float] | np.ndarray, baseline: Sequence[floa
     return bootstrap_ci(a - b, "mean", confidence, n_boot, seed)
 
 
+def abs_deviations(x: np.ndarray) -> np.ndarray:
+    """|x - median| along the last axis, each row from its own median: the Brown–Forsythe test's data
+    (one function for the verdict's test and variance_power's simulation of it)."""
+    return np.abs(x - np.median(x, axis=-1, keepdims=True))
+
+
 def paired_variance_ratio(base: Sequence[float] | np.ndarray, other: Sequence[float] | np.ndarray,
                           confidence: float = CONFIDENCE, n_boot: int = N_BOOT, seed: int = BOOT_SEED,
                           spread_confidence: float | None = None) -> VarianceRatio:
@@ -203,7 +209,7 @@ def paired_variance_ratio(base: Sequence[float] | np.ndarray, other: Sequence[fl
         p_pm = float(2 * sps.t(len(a) - 2).sf(abs(t)))
     else:
         p_pm = math.nan
-    dev_a, dev_b = np.abs(a - np.median(a)), np.abs(b - np.median(b))
+    dev_a, dev_b = abs_deviations(a), abs_deviations(b)
     level = confidence if spread_confidence is None else spread_confidence
     spread = paired_ratio_ci(dev_a, dev_b, "mean", level, boot_size(level, n_boot), seed)
     diffs = dev_a - dev_b

@@ -371,9 +371,8 @@ def sharding(res: SuiteResults) -> Finding | None:
     seeds = int(ratios["seeds"].min())
     pool = sharding_residuals(res)
     tails = variance_power.tail_power(pool, seeds, alpha, SHARDING_EFFECT)
-    parts.append("power: " + (tails.text() if tails else f"{seeds} seeds a strategy; too few random-shard results to "
-                                                         f"read the tails from ({len(pool)}; {variance_power.MIN_POOL} "
-                                                         f"needed)")
+    parts.append("power: " + (tails.text() if tails else f"{seeds} seeds a strategy; {variance_power.TOO_FEW_TAILS} "
+                                                         f"({len(pool)}; {variance_power.MIN_POOL} needed)")
                  + f"; were the metrics normal, an F test would detect "
                  f"{variance_power.detectable_ratio(seeds, seeds, alpha):.2f}x and {SHARDING_EFFECT:g}x would need "
                  f"{variance_power.seeds_label(SHARDING_EFFECT, alpha)} seeds")

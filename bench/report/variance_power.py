@@ -25,6 +25,8 @@ from typing import Iterable
 import numpy as np
 from scipy import stats as sps
 
+from psbench.bench.report.stats import abs_deviations
+
 POWER = 0.8
 ALPHA = 0.05
 PAPER_RUNS = 5                     # runs per strategy in the paper
@@ -121,6 +123,7 @@ LEVEL_REPS = 40_000   # ... behind a level check (a Bonferroni level of 0.003 ne
 SIM_SEED = 28
 MIN_POOL = 200        # fewer standardised values carry no shape of the tails: draws from a few
                      # values repeat them, which makes odd tails of their own
+TOO_FEW_TAILS = "too few random-shard results to read the tails from"  # the report's and thesis.md's words
 
 
 def standardised_residuals(samples: Iterable[np.ndarray]) -> np.ndarray:
@@ -156,7 +159,7 @@ def _deviations(pool: np.ndarray, n: int, reps: int, seed: int) -> tuple[np.ndar
     Scaling a row scales its deviations, so one draw serves every true ratio."""
     rng = np.random.default_rng(seed)
     a, b = (pool[rng.integers(0, len(pool), size=(reps, n))] for _ in range(2))
-    return np.abs(a - np.median(a, axis=1, keepdims=True)), np.abs(b - np.median(b, axis=1, keepdims=True))
+    return abs_deviations(a), abs_deviations(b)
 
 
 def _t(dev_a: np.ndarray, dev_b: np.ndarray) -> np.ndarray:
