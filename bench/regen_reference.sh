@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate the reference results from ONE clean commit, resumably, across as many working
 # stretches as it takes (about 12 hours on 2 cores: the powered sharding design ~10 h, make bench
-# 76 min with Horovod's build, the extras 37 min, the documents 4 min: measured for 02e06e8). Every step resumes: a complete run (its manifest) is never rerun.
+# 76 min with Horovod's build, the extras 37 min, the documents 4 min: measured for 02e06e8).
+# Every step resumes: a complete run (its manifest) is never rerun.
 #
 #   bash bench/regen_reference.sh COMMIT CLONE OUT [powered|all]
 #

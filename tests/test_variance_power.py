@@ -9,6 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from psbench.bench.report import variance_power as vp
+from psbench.bench.report.stats import paired_variance_ratio
 
 
 def test_the_papers_ratios_under_no_effect():
@@ -132,8 +133,6 @@ def test_the_simulated_statistic_is_the_verdicts_test_row_by_row():
     """The power simulation stands for the verdict's test only while both compute the same statistic:
     each simulated row's t, through the t distribution, is the p the verdict's paired test gives the
     same runs (both sides' deviations from their own medians, then a paired t)."""
-    from psbench.bench.report.stats import paired_variance_ratio
-
     pool, n, reps, seed = _heavy_pool(), 25, 30, 7
     rng = np.random.default_rng(seed)  # the draws _deviations makes from this seed
     a, b = (pool[rng.integers(0, len(pool), size=(reps, n))] for _ in range(2))
