@@ -148,7 +148,7 @@ def approximate_power(pool: np.ndarray, n: int, ratio: float, alpha: float) -> f
     absolute deviations has mean m(1 - 1/sqrt(rho)) and variance v(1 + 1/rho), m and v those of the
     pool's absolute deviations (pairs independent). A little below the simulated power (it ignores
     that each sample's median is estimated): used to bracket the seeds' search."""
-    dev = np.abs(pool - np.median(pool))
+    dev = abs_deviations(pool)
     mean = float(dev.mean()) * (1 - 1 / math.sqrt(ratio))
     sd = math.sqrt(float(dev.var()) * (1 + 1 / ratio))
     return float(sps.nct.sf(_bar(n, alpha), n - 1, math.sqrt(n) * mean / sd))
