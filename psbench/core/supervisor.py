@@ -92,10 +92,19 @@ def stop_tree(procs: Iterable[subprocess.Popen], grace_s: float = STOP_GRACE_S) 
     _signal(procs, descendants, groups, first)
     deadline = time.monotonic() + max(0.0, grace_s)
     _wait(procs, descendants, deadline)
-    if first != signal.SIGKILL and (any(p.poll() is None for p in procs) or any(d.is_running() for d in descendants)):
-        _signal([p for p in procs if p.poll() is None], [d for d in descendants if d.is_running()], groups,
+    if first != signal.SIGKILL and (any(p.poll() is None for p in procs) or any(map(_running, descendants))):
+        _signal([p for p in procs if p.poll() is None], [d for d in descendants if _running(d)], groups,
                 signal.SIGKILL)
     _wait(procs, descendants, time.monotonic() + 5.0)
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Whether a descendant still runs. A zombie has exited: it waits only to be reaped, by a parent
+    that is not ours to hurry (an orphan's is PID 1, which in some containers reaps every ~2 s)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _signal(procs: Sequence[subprocess.Popen], descendants: Sequence[psutil.Process], groups: Sequence[int],
@@ -125,8 +134,8 @@ def _wait(procs: Sequence[subprocess.Popen], descendants: Sequence[psutil.Proces
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    if descendants:
-        psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
+    while any(map(_running, descendants)) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def pid_alive(pid: int) -> bool:
