@@ -2,18 +2,24 @@
 other systems written through the real Recorder (same file format) from synthetic rows."""
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
+from psbench.core import records
 from psbench.core.records import Recorder
 from psbench.bench.harness.runner import run_all
 from psbench.core.spec import RunSpec
 from psbench.workloads.sharding import make_shards
 
 T0 = 1_700_000_000.0  # a fixed training-clock origin for fixture runs
+# The checkout's provenance, read once for every fixture run (two git commands a run, ~15 ms, on
+# thousands of synthetic runs): a fixture run's manifest says what made it, as a real one does.
+_provenance_once = functools.lru_cache(maxsize=1)(records.provenance)
 
 
 def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, steps: int = 24,
@@ -57,7 +63,8 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
     rec.t0 = T0
     rec.extra["setup_s"] = setup_s
     rec.t_end = T0 + steps * step_s * (1 + 0.02 * (spec.workers - 1))
-    rec.finish(results_dir, suite)
+    with mock.patch.object(records, "provenance", lambda: dict(_provenance_once())):
+        rec.finish(results_dir, suite)
 
 
 def build_fixture_suite(results_dir: Path, suite: str = "fixture") -> Path:

@@ -45,10 +45,10 @@ def test_a_time_budget_ends_the_run_and_the_timer_evaluates_on_one_grid(system, 
 
 
 def test_a_switch_keeps_one_budget_and_one_evaluation_grid_across_both_phases():
-    """fixed:fraction=0.2 of a 14 s budget: the sync phase hands over at ~2.8 s of the clock, the
-    async phase trains until 14 s; the timer's grid goes on through the hand-over; spikes are
+    """fixed:fraction=0.2 of a 7 s budget: the sync phase hands over at ~1.4 s of the clock, the
+    async phase trains until 7 s; the timer's grid goes on through the hand-over; spikes are
     looked for and summarised."""
-    budget_s, every_s = 14.0, 1.0
+    budget_s, every_s = 7.0, 1.0
     steps, val, recorder = run("switch", 2, budget_s, every_s, criterion="fixed:fraction=0.2",
                                warmup="lr:from=0.2,updates=40")
     info = recorder.extra["switch"]

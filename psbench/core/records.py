@@ -8,6 +8,7 @@ The run directory is staged under a hidden name and renamed into place when comp
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import subprocess
@@ -300,6 +301,14 @@ CHECKOUT = Path(__file__).resolve().parent
 
 
 def versions() -> dict[str, str | None]:
+    """The versions of Python and VERSIONED_PACKAGES, a fresh dict each call."""
+    return dict(_installed_versions())
+
+
+# Read once a process (~20 ms of package metadata a call, paid by every run of a suite): the modules
+# this process has imported are the ones it started with, whatever is installed meanwhile.
+@functools.lru_cache(maxsize=1)
+def _installed_versions() -> tuple[tuple[str, str | None], ...]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {"python": platform.python_version()}
@@ -308,7 +317,7 @@ def versions() -> dict[str, str | None]:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             out[pkg] = None
-    return out
+    return tuple(out.items())
 
 
 def git_sha(repo: Path = CHECKOUT) -> str | None:
