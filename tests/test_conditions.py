@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from psbench.bench.harness.calibration import RoleFigure, SystemCalibration
-from psbench.bench.harness.runner import forget_planning_data, plan, record_run
+from psbench.bench.harness.runner import plan, planning_pass, record_run
 from psbench.core.cpu import CORES_ENV, LAUNCHER, WORKERS
 from psbench.core.emulation import Pacer, parse_device, parse_stragglers, stall_schedule
 from psbench.core.errors import ConfigError
@@ -251,10 +251,8 @@ def test_shipped_experiments_fit_the_cores(monkeypatch):
     monkeypatch.setenv(CORES_ENV, "2")
     experiments = sorted((Path(__file__).resolve().parent.parent / "bench" / "experiments").rglob("*.toml"))  # extra/ too
     assert len(experiments) >= 6
-    try:
+    with planning_pass():  # as run_all plans a suite
         _plan_every_configuration(experiments)
-    finally:
-        forget_planning_data()  # as run_all does once a suite is planned
 
 
 def _plan_every_configuration(experiments: list[Path]) -> None:

@@ -24,7 +24,7 @@ from psbench.core.spec import RunSpec, budget_kind
 from psbench.bench.harness.results import FAILED_DIR
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
-from psbench.workloads import get_workload
+from psbench.workloads import Workload, get_workload
 from psbench.workloads.datasets import Dataset, data_fingerprint
 from psbench.core.errors import ConfigError
 from psbench.workloads.sharding import parse_strategy
@@ -88,14 +88,31 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrato
 
 
 _COMPUTE_CACHE: dict[tuple[str, int], tuple[float, int]] = {}
-# The data of the last workload measured: a suite's batch sizes (kassela's 1 % .. 0.01 % of a
-# million rows) then load it once. Dropped by forget_planning_data once a suite is planned, so a
-# launcher does not hold 10 M rows while its runs train.
-_PLANNING_DATA: dict[tuple[str, str | None], Dataset] = {}
+# The last workload's data, kept while a planning pass is open (None: not in one, nothing kept).
+_PLANNING_DATA: dict[tuple[str, str | None], Dataset] | None = None
 
 
-def forget_planning_data() -> None:
-    _PLANNING_DATA.clear()
+@contextmanager
+def planning_pass() -> Iterator[None]:
+    """Plan many specs: a workload's data is loaded once for all their batch sizes (kassela's 1 % ..
+    0.01 % of a million rows), and let go at the end, so a launcher does not hold 10 M rows while
+    its runs train."""
+    global _PLANNING_DATA
+    _PLANNING_DATA = {}
+    try:
+        yield
+    finally:
+        _PLANNING_DATA = None
+
+
+def _data_to_measure(spec: RunSpec, workload: Workload) -> Dataset:
+    if _PLANNING_DATA is None:
+        return workload.load_data(data_dir=spec.data_dir)
+    key = (spec.workload, None if spec.data_dir is None else str(spec.data_dir))
+    if key not in _PLANNING_DATA:
+        _PLANNING_DATA.clear()  # one workload's data at a time
+        _PLANNING_DATA[key] = workload.load_data(data_dir=spec.data_dir)
+    return _PLANNING_DATA[key]
 
 
 def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
@@ -109,11 +126,7 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     workload = get_workload(spec.workload)
     key = (spec.workload, spec.batch_size or workload.batch_size)
     if key not in _COMPUTE_CACHE:  # looked up first: loading the data takes up to seconds (higgs-10m)
-        data_key = (spec.workload, None if spec.data_dir is None else str(spec.data_dir))
-        if data_key not in _PLANNING_DATA:
-            _PLANNING_DATA.clear()
-            _PLANNING_DATA[data_key] = workload.load_data(data_dir=spec.data_dir)
-        data, batch = _PLANNING_DATA[data_key], key[1]
+        data, batch = _data_to_measure(spec, workload), key[1]
         configure_threads(1)
         model, loss_fn = workload.build_model(data, spec.seed), workload.loss_fn()
         # Random rows, gathered as a worker's batch is (batch_tensors, as Prepared.batches), without
@@ -365,16 +378,16 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
     """Validate all, then run each spec not already complete; returns results (None = skipped).
     Record tables are written as `record_format` (parquet or csv)."""
     planned: list[PlannedRun | None] = []
-    for spec in specs:
-        try:
-            planned.append(plan(spec, allow_oversubscribe))
-        except ConfigError as exc:
-            if skip_unavailable and "is not available here" in str(exc):
-                print(f"psbench: skipping {spec.run_id}: {exc}", file=sys.stderr)
-                planned.append(None)
-            else:
-                raise
-    forget_planning_data()
+    with planning_pass():
+        for spec in specs:
+            try:
+                planned.append(plan(spec, allow_oversubscribe))
+            except ConfigError as exc:
+                if skip_unavailable and "is not available here" in str(exc):
+                    print(f"psbench: skipping {spec.run_id}: {exc}", file=sys.stderr)
+                    planned.append(None)
+                else:
+                    raise
     clean_staging(results_dir, suite)
     todo = [p for p in planned if p is not None and not (resume and is_complete(results_dir, suite, p.spec))]
     skipped = sum(1 for p in planned if p is not None) - len(todo)
