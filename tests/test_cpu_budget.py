@@ -175,7 +175,6 @@ def test_calibration_is_measured_once_and_cached(monkeypatch, tmp_path):
     assert plan(RunSpec("single", "mlp-digits", max_steps=5)).conditions["cpu_calibration"]["file"] == str(file)
 
 
-
 def test_a_planning_pass_loads_a_workloads_data_once_and_lets_it_go(monkeypatch):
     """Planning a suite measures each batch size's compute on the workload's data, loaded once for
     them all; after the pass, and outside one, nothing is kept (a launcher holds no rows while its
@@ -194,6 +193,7 @@ def test_a_planning_pass_loads_a_workloads_data_once_and_lets_it_go(monkeypatch)
     assert loads == ["mlp-digits"] and runner._PLANNING_DATA is None
     runner.measured_compute_s(RunSpec("single", "mlp-digits", batch_size=8))
     assert loads == ["mlp-digits"] * 2 and runner._PLANNING_DATA is None
+
 
 @pytest.mark.parametrize("cores", ["0.5", "64"])
 def test_a_run_by_hand_warns_in_one_line_and_runs(monkeypatch, capsys, tmp_path, cores):
