@@ -103,6 +103,15 @@ class Finding:
     rule: str
     suite: str
     seeds: int = 0  # the design's seeds a comparison, where several suites test the same finding
+    # thesis.md's summary row and section: the headline figure (95% interval, n) and the condition that
+    # decides it, each at most SUMMARY_CELL characters, and the section's Markdown (its table of twins or
+    # conditions, what ran where: emulated device or real compute, processes per core, oversubscribed)
+    headline: str = ""
+    decides: str = ""
+    detail: str = ""
+
+
+SUMMARY_CELL = 200
 
 
 def _fmt_ci(iv: Interval, unit: str = "x", digits: int = 2) -> str:
