@@ -80,26 +80,61 @@ def _sharding_suite(root: Path, calm: float, stragglers: tuple[str | None, ...] 
 def test_sharding_verdict_follows_the_records(tmp_path, monkeypatch):
     calm = thesis.findings(load_suite(_sharding_suite(tmp_path / "a", calm=0.005)))
     assert [f.verdict for f in calm] == [thesis.REPRODUCED]
-    assert "lower: stratified" in calm[0].ours and "2 of 2 ratios significantly lower" in calm[0].ours
-    # the design's power (the verdict's test, from the random runs' tails where there are enough of
-    # them; the normal-theory figure beside it) and the paper's 5-run design under no effect are
-    # stated beside the verdict
-    assert "power: 20 seeds a strategy; too few random-shard results to read the tails from (40; 200 needed)" \
+    assert calm[0].finding == "stratified shards lower run-to-run variance"
+    assert "2 of 2 ratios point the paper's way, 0 the other; significant (Holm at 0.05): 2 lower, 0 higher" \
         in calm[0].ours
+    # both powers stated beside the verdict: to detect the paper's smallest effect and to rule it out,
+    # from the random runs' tails where there are enough of them (the normal-theory figure beside it),
+    # and the paper's 5-run design under no effect
+    assert ("power to detect 2x: 20 seeds a strategy; too few random-shard results to read the tails from (40; "
+            "200 needed)") in calm[0].ours
+    assert "power to rule 2x out: too few random-shard results" in calm[0].ours
     assert re.search(r"were the metrics normal, an F test would detect [\d.]+x and 2x would need \d+ seeds",
                      calm[0].ours)
-    assert "P(F ≥ 8.48) = 0.031 alone" in calm[0].ours
+    assert "P(F ≥ 8.48) = 0.031 alone" in calm[0].detail
     from psbench.bench.report import variance_power
     monkeypatch.setattr(variance_power, "MIN_POOL", 40)
     (told,) = thesis.findings(load_suite(tmp_path / "a" / "sharding"))
-    assert re.search(r"power: 20 seeds a strategy detect [\d.]+x with 80% power by the paired Brown–Forsythe test "
-                     r"at 0.025; 2x needs \d+ seeds \(simulated from 40 standardised random-shard results",
-                     told.ours), told.ours
+    assert re.search(r"power to detect 2x: 20 seeds a strategy detect [\d.]+x with 80% power by the paired "
+                     r"Brown–Forsythe test at 0.025; 2x needs \d+ seeds \(simulated from 40 standardised random-shard "
+                     r"results", told.ours), told.ours
+    assert re.search(r"power to rule 2x out: with no true effect, one ratio's 0.975 upper bound falls below 2x in "
+                     r"\d+% of simulated 20-seed designs \(\d+% for all 2 at once", told.ours), told.ours
     assert re.search(r"with tails like ours, the largest of its 12 null ratios reaches 8.48 with probability 0\.\d\d",
-                     told.ours)
+                     told.detail.lower())
     alike = thesis.findings(load_suite(_sharding_suite(tmp_path / "b", calm=0.05)))
     assert [f.verdict for f in alike] in ([thesis.INCONCLUSIVE], [thesis.NOT_REPRODUCED])
     assert alike[0].verdict != thesis.REPRODUCED
+
+
+def test_each_strategy_is_its_own_family_at_a_split_level(tmp_path):
+    """Two strategies: two findings, each tested at 0.05 / 2 with Holm inside it; the k of a
+    distribution-aware strategy is per data set, so its ratios are one family."""
+    root = tmp_path / "two"
+    for strategy, spread in (("random", 0.05), ("stratified", 0.005), ("distribution-aware:20", 0.05)):
+        for seed in range(20):
+            spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
+                           options={"consistency": "asp"})
+            fake_run(root, "sharding", spec, step_s=0.002, final_noise=spread, steps=4)
+    found = {f.finding: f for f in thesis.findings(load_suite(root / "sharding"))}
+    assert set(found) == {"stratified shards lower run-to-run variance",
+                          "distribution-aware shards lower run-to-run variance"}
+    assert found["stratified shards lower run-to-run variance"].verdict == thesis.REPRODUCED
+    assert found["distribution-aware shards lower run-to-run variance"].verdict != thesis.REPRODUCED
+    assert all("(Holm at 0.025)" in f.ours for f in found.values())
+    assert "| mlp-digits | native | 20 |" in found["distribution-aware shards lower run-to-run variance"].detail
+
+
+def test_holm_within_a_strategy_rejects_what_bonferroni_would_not():
+    """The family's step-down: the smallest p against alpha / m, the next against alpha / (m - 1)."""
+    import pandas as pd
+    rows = pd.DataFrame({"sharding": ["stratified"] * 2, "p_bf_paired": [0.02, 0.03], "spread": [3.0, 3.0],
+                         "spread_hi": [9.0, 9.0]})
+    (test,) = thesis.strategy_tests(rows)  # Bonferroni at 0.05 / 2 would reject only the first
+    assert test.lower == 2 and test.verdict == thesis.REPRODUCED
+    rows["p_bf_paired"] = [0.03, 0.03]
+    (test,) = thesis.strategy_tests(rows)
+    assert test.lower == 0 and test.verdict == thesis.INCONCLUSIVE and "2 of 2 upper bounds still reach 2x" in test.reason
 
 
 def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
@@ -132,9 +167,9 @@ def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_p
     assert ratios["conditions"].nunique() == 2 and len(ratios) == 2 * len(SHARDING_METRICS)  # per condition
     assert (ratios["seeds"] == 20).all()  # paired within a condition, never pooled across
     (found,) = thesis.findings(res)
-    assert "spread" in found.ours and "power: 20 seeds" in found.ours
+    assert "spread" in found.ours and "power to detect 2x: 20 seeds" in found.ours
     # the family is the accuracies' ratios (2 conditions x 2 metrics here), not the losses' too
-    assert ratios["tested"].sum() == 4 and "at 0.05/4)" in found.ours and "of 4 ratios" in found.ours
+    assert ratios["tested"].sum() == 4 and "of 4 ratios point" in found.ours
 
 
 def test_a_loss_ratio_is_shown_not_tested(tmp_path):
@@ -199,7 +234,7 @@ def test_a_few_far_runs_do_not_make_a_variance_reduction(tmp_path, forty_seeds):
     assert (tested["ratio"] > 4).all() and (tested["p_paired"] < 1e-5).all()  # the normal theory's answer
     assert (tested["p_bf_paired"] > 0.025).all()
     (found,) = thesis.findings(res)
-    assert found.verdict == thesis.INCONCLUSIVE and "0 of 2 ratios significantly lower" in found.ours
+    assert found.verdict == thesis.INCONCLUSIVE and "significant (Holm at 0.05): 0 lower, 0 higher" in found.ours
 
 
 def test_a_strategy_that_raises_the_variance_counts_against_the_paper(tmp_path, forty_seeds):
@@ -211,13 +246,14 @@ def test_a_strategy_that_raises_the_variance_counts_against_the_paper(tmp_path, 
     _set_final_accuracies(raised, {"random": calm, "stratified": noisy})
     (found,) = thesis.findings(load_suite(raised))
     assert found.verdict == thesis.NOT_REPRODUCED
-    assert "2 significantly higher" in found.ours and "higher (against the paper): stratified" in found.ours
+    assert "0 lower, 2 higher" in found.ours and found.decides.startswith("more variable than random")
+    assert found.detail.count("| rejects |") == 2  # each significant ratio named in the section's table
     both = _copy(forty_seeds, tmp_path / "both")  # lower on training accuracy, higher on validation
     _set_final_accuracies(both, {"random": noisy, "stratified": calm}, ("final_train_accuracy",))
     _set_final_accuracies(both, {"random": calm, "stratified": noisy}, ("final_val_accuracy",))
     (found,) = thesis.findings(load_suite(both))
     assert found.verdict == thesis.INCONCLUSIVE
-    assert "1 of 2 ratios significantly lower" in found.ours and "1 significantly higher" in found.ours
+    assert "1 lower, 1 higher" in found.ours and "both ways" in found.decides
 
 
 def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: int | None = 6,
@@ -379,7 +415,15 @@ def test_thesis_command_gathers_the_suites(tmp_path, capsys):
     _sharding_suite(tmp_path, calm=0.005)
     assert main(["thesis", str(tmp_path)]) == 0
     text = (tmp_path / "thesis.md").read_text()
-    assert text.count("**reproduced**") == 2 and "Rules:" in text
+    summary = text.split("## Summary")[1].split("\n## ")[0]
+    rows = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 2 and all("**reproduced**" in row for row in rows)
+    assert text.count("**Verdict: reproduced**") == 2 and text.count("\n## ") == 3  # the summary, then a section each
+    # a reader's table: every cell within its bound, each rule printed once
+    assert all(len(cell.strip()) <= thesis.SUMMARY_CELL + 4 for row in rows for cell in row.split("|"))
+    found = thesis.collect(tmp_path)
+    assert all(text.count(f.rule) == 1 for f in found)
+    assert "Records: " in text and "0 from a dirty checkout" in text
     assert main(["thesis", str(tmp_path / "nowhere")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -141,3 +141,31 @@ def test_the_simulated_statistic_is_the_verdicts_test_row_by_row():
     for row in range(reps):
         verdict_p = paired_variance_ratio(a[row], b[row]).p_paired_brown_forsythe
         assert 2 * sps.t.sf(abs(t[row]), n - 1) == pytest.approx(verdict_p, rel=1e-9)
+
+
+def test_the_rule_out_bound_is_the_verdicts_interval_in_closed_form():
+    """The simulation's upper bounds (delta method) stand beside the verdict's paired bootstrap bounds on the
+    same samples: within 5% at the designs' sizes (60 and 243 seeds), at the corrected level."""
+    from psbench.bench.report.stats import abs_deviations, paired_variance_ratio
+    rng = np.random.default_rng(11)
+    pool = rng.standard_t(5, size=4000)
+    level = 1 - 0.05 / 16
+    for n in (60, 243):
+        for _ in range(3):
+            a, b = pool[rng.integers(0, len(pool), n)], pool[rng.integers(0, len(pool), n)]
+            boot = paired_variance_ratio(a, b, spread_confidence=level).spread_hi
+            closed = float(vp.spread_upper_bounds(abs_deviations(a)[None], abs_deviations(b)[None], level)[0])
+            assert closed == pytest.approx(boot, rel=0.05)
+
+
+def test_ruling_2x_out_needs_seeds_and_rises_with_them():
+    rng = np.random.default_rng(12)
+    pool = rng.standard_t(5, size=2000)
+    level = 1 - 0.05 / 16
+    few, many = (vp.simulated_rule_out(pool, n, 2.0, level, reps=1000) for n in (20, 400))
+    assert few < 0.1 and many > 0.95  # 20 seeds seldom rule 2x out; 400 almost always do
+    need = vp.simulated_seeds_to_rule_out(pool, 2.0, level)
+    assert vp.simulated_rule_out(pool, need, 2.0, level) >= vp.POWER > vp.simulated_rule_out(pool, need - 1, 2.0, level)
+    assert vp.rule_out_power(pool[:100], 50, level, 2.0, 8) is None  # too few results to read the tails
+    found = vp.rule_out_power(pool, 243, level, 2.0, 8)
+    assert found.seeds_for_power == need and f"all 8 at once" in found.text()

@@ -31,7 +31,7 @@ from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDI
                                         sharding_runs)
 from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
                                             switch_verdict_table)
-from psbench.bench.report import variance_power
+from psbench.bench.report import stats, variance_power
 from psbench.bench.report.stats import (Interval, VarianceRatio, paired_variance_ratio,
                                         variance_ratio)
 from psbench.core.atomic import atomic_write_text
@@ -76,21 +76,18 @@ RULES = {
               f"shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at alpha {0.05:g}, Holm "
               f"over the variants); not reproduced if every variant that switched has its speed-up interval "
               f"below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; else inconclusive",
-    "sharding": f"the ratios tested are those of final training and validation accuracy (the paper's figures' "
-                f"metrics; the losses are shown in the suite's report, not tested), each paired by seed. A ratio "
-                f"counts where the paired Brown–Forsythe test (a paired t test on absolute deviations from the "
-                f"median; it holds its level under the heavy tails final accuracies show, where the F and "
-                f"Pitman–Morgan tests do not) rejects equal spread at {ALPHA:g} ÷ the ratios tested (Bonferroni); "
-                f"its direction is the spread ratio's (random's mean absolute deviation ÷ the strategy's, squared: "
-                f"the variance ratio where the two differ in scale only), shown with its interval at that level. "
-                f"Reproduced if some ratio counts as lower variance and none as higher; not reproduced if some "
-                f"counts as higher and none as lower, or none counts and every spread ratio's corrected interval "
-                f"lies below {SHARDING_EFFECT:g}x (the paper's smallest effect ruled out); inconclusive otherwise, "
-                f"or where ratios count both ways. The variance ratio with its 95% interval and the Pitman–Morgan p "
-                f"are shown, not tested. Power: the test's, from the random-shard runs' own tails (bench/report/"
-                f"variance_power.py). Only comparisons whose runs learned count: a workload and condition whose "
-                f"mean final validation accuracy stays below {TRAINED_FACTOR:g}x chance (1 / its classes, from the "
-                f"shard reports) is left out and named (the variance of untrained models says nothing of sharding)",
+    "sharding": f"per strategy (distribution-aware's k set per data set), one pre-specified family: its ratios of "
+                f"final training and validation accuracy (random ÷ strategy, paired by seed) over every data set and "
+                f"condition, at {ALPHA:g} ÷ the strategies, Holm within the family, by the paired Brown–Forsythe test "
+                f"(a paired t on absolute deviations from the median: it holds its level under the heavy tails final "
+                f"accuracies show); a rejected ratio's direction is its spread ratio's (random's mean absolute "
+                f"deviation ÷ the strategy's, squared), shown with its interval at {ALPHA:g} ÷ all ratios tested. "
+                f"A strategy is reproduced if some ratio is significantly less variable than random and none more; "
+                f"not reproduced if some is significantly more variable and none less (said so), or none is "
+                f"significant and every spread interval lies below {SHARDING_EFFECT:g}x; else inconclusive. Both "
+                f"powers are stated: to detect {SHARDING_EFFECT:g}x and to rule it out, simulated from the random "
+                f"runs' own tails. Comparisons whose runs stayed below {TRAINED_FACTOR:g}x chance accuracy are left "
+                f"out and named",
 }
 
 
@@ -120,6 +117,27 @@ def _fmt_ci(iv: Interval, unit: str = "x", digits: int = 2) -> str:
     if math.isnan(iv.lo):
         return f"{iv.estimate:.{digits}f}{unit} (n={iv.n}, no interval)"
     return f"{iv.estimate:.{digits}f}{unit} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}] (n={iv.n})"
+
+
+def conditions_text(res: SuiteResults) -> str:
+    """What a finding's runs ran on, from their manifests: an emulated device or real compute, processes per
+    core (the CPU plan's processes over the usable cores) and how many runs oversubscribed the cores."""
+    devices, per_core = set(), []
+    for manifest in res.manifests.values():
+        conditions = (manifest.get("extra") or {}).get("conditions") or {}
+        device = conditions.get("emulate_device")
+        if isinstance(device, dict):
+            devices.add(f"{device.get('name')} ({device.get('step_ms', 0):g} ms a step)")
+        plan, cores = conditions.get("cpu_plan") or {}, conditions.get("cores")
+        if plan and cores:
+            per_core.append(sum(int(role.get("count", 0)) for role in plan.values()) / float(cores))
+    where = (f"an emulated device, {', '.join(sorted(devices))}: each step sleeps to its target, the systems' own "
+             f"communication and waiting on top" if devices else "real compute (no emulated device)")
+    spread = f"{min(per_core):.1f}" + (f"–{max(per_core):.1f}" if max(per_core) > min(per_core) else "") if per_core else ""
+    crowd = f"{spread} processes a core" if per_core else "processes a core not recorded"
+    over = res.runs["oversubscribed"].eq(True) if "oversubscribed" in res.runs else pd.Series([], dtype=bool)
+    return (f"Conditions ({res.suite}, {len(res.runs)} runs): {where}; {crowd}; {int(over.sum())} of {len(res.runs)} "
+            f"runs oversubscribed the cores (CPU plan above them).")
 
 
 # ---- Kassela 2019: per-mini-batch time against the mini-batch ------------------------------------
@@ -345,7 +363,81 @@ def untrained(res: SuiteResults) -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
-def sharding(res: SuiteResults) -> Finding | None:
+def strategy_family(sharding: str) -> str:
+    """distribution-aware:60 and :100 are one strategy whose k is set per data set, as in the paper."""
+    return sharding.split(":", 1)[0]
+
+
+@dataclass(frozen=True)
+class StrategyTest:
+    """One strategy's pre-specified family: its tested ratios over every data set and condition, Holm at
+    the family's level, the counts each way and its verdict by the sharding rule."""
+    family: str
+    ratios: pd.DataFrame    # sharding_ratios' rows of this strategy, with 'holm' (rejected) added
+    alpha: float            # the family's level: ALPHA ÷ the strategies tested
+    lower: int              # significantly less variable than random (the paper's direction)
+    higher: int             # significantly more variable
+    points_lower: int       # point estimates in the paper's direction (spread ratio > 1), significant or not
+    points_higher: int
+    verdict: str
+    reason: str
+
+
+def strategy_tests(ratios: pd.DataFrame) -> list[StrategyTest]:
+    """`ratios`: the tested ratios of comparisons whose runs learned (sharding_ratios' rows)."""
+    families = _strategy_order({strategy_family(s) for s in ratios["sharding"]})
+    alpha = ALPHA / max(1, len(families))
+    out = []
+    for family in families:
+        rows = ratios[[strategy_family(s) == family for s in ratios["sharding"]]].copy()
+        p = rows["p_bf_paired"].fillna(1.0).to_list()
+        rows["holm"] = stats.holm(p, alpha)
+        lower = int((rows["holm"] & (rows["spread"] > 1)).sum())
+        higher = int((rows["holm"] & (rows["spread"] < 1)).sum())
+        if lower and higher:
+            verdict, reason = INCONCLUSIVE, "ratios significant both ways: the effect depends on the data"
+        elif lower:
+            verdict, reason = REPRODUCED, f"{lower} ratio(s) significantly less variable than random, none more"
+        elif higher:
+            verdict, reason = NOT_REPRODUCED, f"more variable than random: {higher} ratio(s) significant, none lower"
+        elif (rows["spread_hi"] < SHARDING_EFFECT).all():
+            verdict, reason = NOT_REPRODUCED, f"no ratio significant and every upper bound below {SHARDING_EFFECT:g}x"
+        else:
+            reaching = int((rows["spread_hi"] >= SHARDING_EFFECT).sum())
+            verdict, reason = INCONCLUSIVE, (f"no ratio significant; {reaching} of {len(rows)} upper bounds still "
+                                             f"reach {SHARDING_EFFECT:g}x")
+        out.append(StrategyTest(family, rows, alpha, lower, higher, int((rows["spread"] > 1).sum()),
+                                int((rows["spread"] < 1).sum()), verdict, reason))
+    return out
+
+
+SHARDING_FINDING = "{} shards lower run-to-run variance"
+SHARDING_PAPER = {
+    "stratified": "stratified shards: validation-accuracy variance 6.11x lower than random (CIFAR-100 coarse, 5 runs "
+                  "a strategy; Provatas et al., IEEE BigData 2021)",
+    "distribution-aware": "distribution-aware shards: training-accuracy variance 8.48x lower than random (CIFAR-10, "
+                          "k=30), ~2x on validation (5 runs a strategy; Provatas et al., IEEE BigData 2021)",
+}
+
+
+def _sharding_where(r: pd.Series) -> str:
+    return f"{r['workload']}, {r['conditions']}"
+
+
+def _sharding_table(test: StrategyTest) -> str:
+    lines = ["| data | conditions | k | final metric | var ratio [95% CI] | spread ratio [corrected CI] | "
+             "paired B–F p | Holm |", "|---|---|---|---|---|---|---|---|"]
+    for _, r in test.ratios.iterrows():
+        k = r["sharding"].split(":", 1)[1] if ":" in r["sharding"] else "–"
+        lines.append(f"| {r['workload']} | {r['conditions']} | {k} | {r['metric']} | "
+                     f"{r['ratio']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | "
+                     f"{r['spread']:.2f} [{r['spread_lo']:.2f}, {r['spread_hi']:.2f}] | {r['p_bf_paired']:.3g} | "
+                     f"{'rejects' if r['holm'] else '–'} |")
+    return "\n".join(lines)
+
+
+def sharding(res: SuiteResults) -> list[Finding] | None:
+    """One finding per strategy (the paper's claims are per strategy), each its own pre-specified family."""
     ratios = sharding_ratios(res).dropna(subset=["ratio"])
     ratios = ratios[ratios["tested"].astype(bool)]
     if ratios.empty:
@@ -355,52 +447,49 @@ def sharding(res: SuiteResults) -> Finding | None:
             f"left out" for (w, c), (acc, chance) in failed.items()]
     ratios = ratios[[(w, c) not in failed for w, c in zip(ratios["workload"], ratios["conditions"])]]
     if ratios.empty:
-        return Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(idle),
-                       INCONCLUSIVE, RULES["sharding"], res.suite)
-    alpha, m = sharding_level(res)
-    significant = ratios["p_bf_paired"] < alpha
-    lower = ratios[significant & (ratios["spread"] > 1)]   # the strategy less variable than random
-    higher = ratios[significant & (ratios["spread"] < 1)]  # more variable: against the paper
-    best = ratios.loc[ratios["ratio"].idxmax()]
-
-    def where(r: pd.Series) -> str:
-        return f"{r['workload']}, {r['conditions']}" if ratios["conditions"].nunique() > 1 else r["workload"]
-
-    def describe(r: pd.Series) -> str:
-        return (f"{r['sharding']} {r['metric']} ({where(r)}) variance ratio "
-                f"{_fmt_ci(Interval(int(r['seeds']), r['ratio'], r['lo'], r['hi']))}, spread ratio "
-                f"{r['spread']:.2f} [{r['spread_lo']:.2f}, {r['spread_hi']:.2f}] at {1 - alpha:.4f}, "
-                f"paired Brown–Forsythe p={r['p_bf_paired']:.3g} (Pitman–Morgan p={r['p_paired']:.3g})")
-
-    parts = [f"largest: {describe(best)}",
-             f"{len(lower)} of {m} ratios significantly lower (paired Brown–Forsythe at {ALPHA:g}/{m}), "
-             f"{len(higher)} significantly higher"]
-    parts += [f"lower: {describe(r)}" for _, r in lower.iterrows()]
-    parts += [f"higher (against the paper): {describe(r)}" for _, r in higher.iterrows()]
-    seeds = int(ratios["seeds"].min())
+        return [Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(idle),
+                        INCONCLUSIVE, RULES["sharding"], res.suite, headline="every comparison's runs did not learn",
+                        decides="; ".join(idle)[:SUMMARY_CELL])]
     pool = sharding_residuals(res)
-    tails = variance_power.tail_power(pool, seeds, alpha, SHARDING_EFFECT)
-    parts.append("power: " + (tails.text() if tails else f"{seeds} seeds a strategy; {variance_power.TOO_FEW_TAILS} "
-                                                         f"({len(pool)}; {variance_power.MIN_POOL} needed)")
+    seeds = int(ratios["seeds"].min())
+    level = 1 - sharding_level(res)[0]  # the spread intervals' corrected level
+    conditions = conditions_text(res)
+    out = []
+    for test in strategy_tests(ratios):
+        m = len(test.ratios)
+        per_ratio = test.alpha / m
+        best = test.ratios.loc[test.ratios["spread"].idxmax()]
+        worst = test.ratios.loc[test.ratios["spread"].idxmin()]
+        counts = (f"{test.points_lower} of {m} ratios point the paper's way, {test.points_higher} the other; "
+                  f"significant (Holm at {test.alpha:.3g}): {test.lower} lower, {test.higher} higher")
+        detect = variance_power.tail_power(pool, seeds, per_ratio, SHARDING_EFFECT)
+        rule_out = variance_power.rule_out_power(pool, seeds, level, SHARDING_EFFECT, m)
+        power = [f"to detect {SHARDING_EFFECT:g}x: "
+                 + (detect.text() if detect else f"{seeds} seeds a strategy; {variance_power.TOO_FEW_TAILS} "
+                                                 f"({len(pool)}; {variance_power.MIN_POOL} needed)")
                  + f"; were the metrics normal, an F test would detect "
-                 f"{variance_power.detectable_ratio(seeds, seeds, alpha):.2f}x and {SHARDING_EFFECT:g}x would need "
-                 f"{variance_power.seeds_label(SHARDING_EFFECT, alpha)} seeds")
-    parts.append("the paper's design: " + variance_power.paper_design_text())
-    if tails:
-        parts.append("with tails like ours, the largest of its 12 null ratios reaches "
-                     + ", ".join(f"{r:g} with probability {variance_power.paper_null_with_tails(pool, r):.2f}"
-                                 for r in variance_power.PAPER_RATIOS))
-    parts += idle
-    if len(lower) and len(higher):
-        verdict = INCONCLUSIVE  # significant both ways: the strategies' effect depends on the data
-    elif len(lower):
-        verdict = REPRODUCED
-    elif len(higher) or (ratios["spread_hi"] < SHARDING_EFFECT).all():
-        verdict = NOT_REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
-    return Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(parts), verdict,
-                   RULES["sharding"], res.suite, seeds)
+                 f"{variance_power.detectable_ratio(seeds, seeds, per_ratio):.2f}x and {SHARDING_EFFECT:g}x would "
+                 f"need {variance_power.seeds_label(SHARDING_EFFECT, per_ratio)} seeds",
+                 f"to rule {SHARDING_EFFECT:g}x out: "
+                 + (rule_out.text() + " (delta-method bounds)" if rule_out else variance_power.TOO_FEW_TAILS)]
+        headline = (f"spread ratio {best['spread']:.2f}x [{best['spread_lo']:.2f}, {best['spread_hi']:.2f}] at most, "
+                    f"{worst['spread']:.2f}x [{worst['spread_lo']:.2f}, {worst['spread_hi']:.2f}] at least "
+                    f"(n={int(best['seeds'])}); {test.points_lower}↑ {test.points_higher}↓ of {m}")
+        detail = "\n".join([
+            f"{counts}. Largest: {best['metric']} ({_sharding_where(best)}); smallest: {worst['metric']} "
+            f"({_sharding_where(worst)}). Ratios are random ÷ {test.family}: above 1 is the paper's direction.", "",
+            _sharding_table(test), "",
+            "Power " + "; power ".join(power) + ".", "",
+            "The paper's design: " + variance_power.paper_design_text() + "."
+            + ("" if not detect else " With tails like ours, the largest of its 12 null ratios reaches "
+               + ", ".join(f"{r:g} with probability {variance_power.paper_null_with_tails(pool, r):.2f}"
+                           for r in variance_power.PAPER_RATIOS) + "."),
+            "", conditions] + [f"- {i}" for i in idle])
+        ours = f"{counts}; {headline}; power " + "; power ".join(power) + ("; " + "; ".join(idle) if idle else "")
+        out.append(Finding(SHARDING_FINDING.format(test.family), SHARDING_PAPER.get(test.family, PAPER["sharding"]),
+                           ours, test.verdict, RULES["sharding"], res.suite, seeds, headline=headline,
+                           decides=test.reason, detail=detail))
+    return out
 
 
 FINDINGS = (kassela, throughput, switch, sharding)
@@ -409,21 +498,28 @@ FINDINGS = (kassela, throughput, switch, sharding)
 def findings(res: SuiteResults) -> list[Finding]:
     """The findings this suite's records hold data for."""
     res = measures.annotate(res)
-    return [f for compute in FINDINGS if (f := compute(res)) is not None]
+    found: list[Finding] = []
+    for compute in FINDINGS:
+        f = compute(res)
+        found.extend([] if f is None else f if isinstance(f, list) else [f])
+    return found
 
 
 def findings_table(found: list[Finding]) -> pd.DataFrame:
     return pd.DataFrame([asdict(f) for f in found], columns=list(Finding.__dataclass_fields__))
 
 
+def suites_of(results_dir: Path, quick: bool = False) -> dict[str, SuiteResults]:
+    """The suites of a results folder (a suite is a folder of run folders): the full suites, or with `quick`
+    the quick ones (`<suite>-quick`), never the two mixed."""
+    return {suite.name: load_suite(suite)
+            for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json")))
+            if suite.name.endswith("-quick") == quick}
+
+
 def collect(results_dir: Path, quick: bool = False) -> list[Finding]:
-    """Every finding over the suites of a results folder (a suite is a folder of run folders):
-    the full suites, or with `quick` the quick ones (`<suite>-quick`), never the two mixed."""
-    found: list[Finding] = []
-    for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json"))):
-        if suite.name.endswith("-quick") == quick:
-            found.extend(findings(load_suite(suite)))
-    return one_verdict_each(found)
+    """Every finding over the suites of a results folder."""
+    return one_verdict_each([f for res in suites_of(results_dir, quick).values() for f in findings(res)])
 
 
 SUBSET = "shown, not the verdict"
@@ -442,28 +538,64 @@ def one_verdict_each(found: list[Finding]) -> list[Finding]:
         top = most.get(f.finding)
         if f.seeds and top is not None and f is not top:
             f = replace(f, verdict=SUBSET, ours=f"a smaller design ({f.seeds} seeds a comparison; the verdict is "
-                        f"{top.suite}'s, {top.seeds}); by itself: {f.verdict}; " + f.ours)
+                        f"{top.suite}'s, {top.seeds}); by itself: {f.verdict}; " + f.ours,
+                        decides=f"a smaller design ({f.seeds} seeds); {top.suite}'s {top.seeds} give the verdict; "
+                                f"by itself: {f.verdict}")
         out.append(f)
     return out
 
 
-def render(found: list[Finding], quick: bool = False) -> str:
-    lines = ["# The thesis' findings, reproduced on this machine" + (" (quick sizes)" if quick else ""), "",
-             "Computed by `psbench thesis` from the suites' records; each verdict follows the rule below it.", "",
-             "| finding | the paper | ours (95% interval, n) | verdict | suite |", "|---|---|---|---|---|"]
+def summary_cell(text: str) -> str:
+    """A summary table cell: at most SUMMARY_CELL characters (the whole text stands in the finding's section)."""
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= SUMMARY_CELL else text[:SUMMARY_CELL - 1].rstrip() + "…"
+
+
+def summary_table(found: list[Finding]) -> str:
+    """thesis.md's first table, one row a finding; the README's findings table is this table."""
+    lines = ["| finding | the paper's figure (what it measured) | ours: headline (95% interval, n) | verdict | "
+             "what decides it |", "|---|---|---|---|---|"]
     for f in found:
-        lines.append(f"| {f.finding} | {f.paper} | {f.ours} | **{f.verdict}** | {f.suite} |")
-    lines += ["", "Rules:", ""] + [f"- **{f.finding}**: {f.rule}" for f in found]
-    if not found:
-        lines += ["", "No suite here holds the records of a finding (run `psbench bench`)."]
+        lines.append(f"| {summary_cell(f.finding)} ({f.suite}) | {summary_cell(f.paper)} | "
+                     f"{summary_cell(f.headline or f.ours)} | **{f.verdict}** | {summary_cell(f.decides or '–')} |")
+    return "\n".join(lines)
+
+
+def _provenance(found_suites: dict[str, SuiteResults]) -> str:
+    commits: dict[str, int] = {}
+    dirty = 0
+    for res in found_suites.values():
+        for sha, unclean in zip(res.runs.get("git_sha", pd.Series(dtype=object)),
+                                res.runs.get("git_dirty", pd.Series(dtype=object))):
+            commits[str(sha)[:8]] = commits.get(str(sha)[:8], 0) + 1
+            dirty += bool(unclean)
+    if not commits:
+        return ""
+    made = ", ".join(f"{n} from {sha}" for sha, n in sorted(commits.items(), key=lambda kv: -kv[1]))
+    return f"Records: {sum(commits.values())} runs ({made}; {dirty} from a dirty checkout)."
+
+
+def render(found: list[Finding], quick: bool = False, provenance: str = "") -> str:
+    lines = ["# The thesis' findings, reproduced on this machine" + (" (quick sizes)" if quick else ""), "",
+             "Computed by `psbench thesis` from the suites' records, each verdict by the rule in its section. "
+             + provenance, "", "## Summary", "", summary_table(found) if found else
+             "No suite here holds the records of a finding (run `psbench bench`)."]
+    ruled: dict[str, str] = {}
+    for f in found:
+        title = f"{f.finding} ({f.suite})"
+        lines += ["", f"## {title}", "", f"**Verdict: {f.verdict}**" + (f" ({f.decides})" if f.decides else "") + ".",
+                  "", f"The paper: {f.paper}.", "", f.detail or f"Ours: {f.ours}.", ""]
+        lines.append(f"Rule: as for {ruled[f.rule]}." if f.rule in ruled else f"Rule: {f.rule}.")
+        ruled.setdefault(f.rule, title)
     return "\n".join(lines) + "\n"
 
 
 def write(results_dir: Path, quick: bool = False) -> tuple[Path, list[Finding]]:
     """RESULTS_DIR/thesis.md (thesis-quick.md for the quick suites), written whole or not at all."""
-    found = collect(Path(results_dir), quick)
+    suites = suites_of(Path(results_dir), quick)
+    found = one_verdict_each([f for res in suites.values() for f in findings(res)])
     out = Path(results_dir) / ("thesis-quick.md" if quick else "thesis.md")
-    atomic_write_text(out, render(found, quick))
+    atomic_write_text(out, render(found, quick, _provenance(suites)))
     return out, found
 
 

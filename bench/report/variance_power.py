@@ -273,3 +273,77 @@ def paper_null_with_tails(pool: np.ndarray, ratio: float, reps: int = 50_000, se
     others = variances(reps, PAPER_DATASETS, PAPER_STRATEGIES)
     with np.errstate(divide="ignore", invalid="ignore"):
         return float(((base / others).max(axis=(1, 2)) >= ratio).mean())
+
+
+# ---- the other way: ruling an effect out ------------------------------------------------------------
+
+def spread_upper_bounds(dev_a: np.ndarray, dev_b: np.ndarray, confidence: float) -> np.ndarray:
+    """Each row pair's spread ratio's upper bound at `confidence`, (mean |dev a| ÷ mean |dev b|)^2, by the
+    delta method on the log of the ratio of paired means: a closed form of the verdict's paired bootstrap
+    interval (stats.paired_variance_ratio), which a simulation of thousands of designs cannot afford at a
+    corrected level's tens of thousands of resamples each. tests/test_variance_power.py holds the two side by side."""
+    n = dev_a.shape[-1]
+    mean_a, mean_b = dev_a.mean(axis=-1, keepdims=True), dev_b.mean(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        influence = dev_a / mean_a - dev_b / mean_b
+        se = influence.std(axis=-1, ddof=1) / math.sqrt(n)
+        log_ratio = np.log(mean_a[..., 0] / mean_b[..., 0])
+    z = float(sps.norm.ppf(1 - (1 - confidence) / 2))
+    return np.exp(2 * (log_ratio + z * se))
+
+
+def simulated_rule_out(pool: np.ndarray, n: int, effect: float, confidence: float, reps: int = SIM_REPS,
+                       seed: int = SIM_SEED) -> float:
+    """The share of simulated n-seed comparisons with no true effect (both sides drawn from the pool) whose
+    spread ratio's upper bound at `confidence` lies below `effect`: the power to rule `effect` out."""
+    dev_a, dev_b = _deviations(pool, n, reps, seed)
+    return float((spread_upper_bounds(dev_a, dev_b, confidence) < effect).mean())
+
+
+def simulated_seeds_to_rule_out(pool: np.ndarray, effect: float, confidence: float,
+                                power: float = POWER) -> int | None:
+    """Seeds per strategy for a no-effect design to rule `effect` out with `power` (bisection over n, on which
+    the share only rises); None beyond MAX_SEEDS."""
+    def enough(n: int) -> bool:
+        return simulated_rule_out(pool, n, effect, confidence) >= power
+
+    if not enough(MAX_SEEDS):
+        return None
+    lo, hi = 3, MAX_SEEDS
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo
+
+
+@dataclass(frozen=True)
+class RuleOutPower:
+    """A design's power to rule an effect out when there is none, simulated from a suite's observed tails."""
+    seeds: int
+    confidence: float
+    effect: float
+    power: float                  # one ratio's chance that its upper bound falls below `effect`
+    ratios: int                   # the ratios the verdict needs below `effect` at once
+    seeds_for_power: int | None   # seeds for one ratio to rule `effect` out with POWER
+
+    def text(self) -> str:
+        need = self.seeds_for_power if self.seeds_for_power is not None else f"> {MAX_SEEDS}"
+        every = self.power ** self.ratios
+        return (f"with no true effect, one ratio's {self.confidence:.4g} upper bound falls below {self.effect:g}x "
+                f"in {self.power:.0%} of simulated {self.seeds}-seed designs ({every:.0%} for all {self.ratios} at "
+                f"once, were they independent); {POWER:.0%} needs {need} seeds a strategy")
+
+
+def rule_out_power(pool: np.ndarray, seeds: int, confidence: float, effect: float,
+                   ratios: int) -> RuleOutPower | None:
+    """None where the pool is too small to carry a shape (under MIN_POOL values) or seeds < 3."""
+    if len(pool) < MIN_POOL or seeds < 3:
+        return None
+    return _rule_out_power(np.ascontiguousarray(pool, dtype=float).tobytes(), seeds, confidence, effect, ratios)
+
+
+@functools.lru_cache(maxsize=32)
+def _rule_out_power(pool_bytes: bytes, seeds: int, confidence: float, effect: float, ratios: int) -> RuleOutPower:
+    pool = np.frombuffer(pool_bytes)
+    return RuleOutPower(seeds, confidence, effect, simulated_rule_out(pool, seeds, effect, confidence), ratios,
+                        simulated_seeds_to_rule_out(pool, effect, confidence))
