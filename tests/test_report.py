@@ -205,3 +205,21 @@ def test_bench_writes_a_report_for_each_suite(tmp_path, monkeypatch):
     assert "single" in md and "time_to_accuracy.png" in md
     frame = load_suite(tmp_path / "results" / "tiny").runs
     assert isinstance(frame, pd.DataFrame) and len(frame) == 2
+
+
+def test_a_scaling_plot_needs_two_worker_counts(tmp_path):
+    """The kassela design: single at 1 worker and the distributed systems at 2 only. Efficiency at one
+    worker count is a stack of points over one x, no curve: the report draws no scaling plot for it; a
+    second worker count draws one."""
+    from psbench.bench.report.plots import scaling_efficiency
+    from psbench.core.spec import RunSpec
+    from report_fixtures import fake_run
+    for system, workers in (("single", 1), ("ps", 2)):
+        for seed in range(3):
+            fake_run(tmp_path, "one-count", RunSpec(system, "mlp-digits", workers=workers, seed=seed, batch_size=16),
+                     step_s=0.002, steps=8)
+    assert scaling_efficiency(load_suite(tmp_path / "one-count"), tmp_path / "plots") == []
+    for seed in range(3):
+        fake_run(tmp_path, "one-count", RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16),
+                 step_s=0.002, steps=8)
+    assert scaling_efficiency(load_suite(tmp_path / "one-count"), tmp_path / "plots")

@@ -372,7 +372,9 @@ def scaling_efficiency(res: SuiteResults, out_dir: Path) -> list[Path]:
     runs, note = one_sharding(res.runs)
     table = scaling_table(runs)
     table = table[(table["system"] != "single") & table["efficiency"].notna()]
-    if table.empty or (table["workers"] > 1).sum() == 0:
+    # A scaling curve needs two worker counts at least: a design at one count (the kassela suite's 2
+    # workers) answers no scaling question, and its points would stack over one x.
+    if table.empty or (table["workers"] > 1).sum() == 0 or table["workers"].nunique() < 2:
         return []
 
     def draw(ax: plt.Axes, workload: str, style: Styles) -> None:
