@@ -61,15 +61,6 @@ PLOT_CAPTIONS = {
                       "left out.",
 }
 
-THESIS = {
-    "kassela": "PS per-mini-batch cost fell up to 14x as batches shrank; Spark MLlib's at most 1.36x "
-               "(Kassela et al., IEEE BigData 2019)",
-    "sharding": "variance of final metrics, random ÷ strategy: distribution-aware up to ~8x (training) and ~2x "
-                "(validation); stratified up to ~6x (validation); means barely move (Provatas et al., BigData 2021)",
-    "switch": "accuracy comparable to synchronous all-reduce while training much faster "
-              "(Provatas et al., IEEE Access 2025)",
-}
-
 
 @dataclass
 class Block:
@@ -500,7 +491,7 @@ def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
     if not batch.empty:
         ours = "; ".join(f"{r['system']}{_where(r)}: {r['cost fall (largest ÷ smallest)']:.2f}x "
                          f"(batch {r['largest batch']}→{r['smallest batch']})" for _, r in batch.iterrows())
-        rows.append({"claim": "per-mini-batch cost falls as batches shrink", "thesis": THESIS["kassela"],
+        rows.append({"claim": "per-mini-batch cost falls as batches shrink", "thesis": thesis_findings.PAPER["kassela"],
                      "ours": ours})
     if not sharding.empty:
         parts = []
@@ -508,10 +499,10 @@ def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
             found = [text for split, name in (("train", "training"), ("val", "validation"))
                      if (text := _max_ratio(g, split, name))]
             parts.append(f"{strategy}: " + ", ".join(found) if found else f"{strategy}: no ratio (too few seeds)")
-        rows.append({"claim": "smarter sharding lowers run-to-run variance", "thesis": THESIS["sharding"],
+        rows.append({"claim": "smarter sharding lowers run-to-run variance", "thesis": thesis_findings.PAPER["sharding"],
                      "ours": "; ".join(parts) or "only random sharding in this suite"})
     if not switch.empty and (switch["role"] == "switch").any():
-        rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": THESIS["switch"],
+        rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": thesis_findings.PAPER["switch"],
                      "ours": "; ".join(_switch_verdicts(res, switch))})
     return pd.DataFrame(rows)
 
@@ -690,7 +681,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "Launch (process start, a Spark session) and the Strategy-Switch hand-over in their own columns, and "
           "included in the time to target beside it.")
     verdicts = thesis_findings.findings_table(thesis_findings.findings(res))
-    table("Thesis verdicts", verdicts.drop(columns=["suite"]),
+    table("Thesis verdicts", verdicts,
           "Each of the thesis' findings this suite holds records for: the paper's figure, ours with its 95% "
           "interval and n, and a verdict by the rule beside it (bench/report/thesis.py), computed from the records. "
           "`psbench thesis RESULTS_DIR` gathers them over every suite.")

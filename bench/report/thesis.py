@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -505,8 +505,14 @@ def findings(res: SuiteResults) -> list[Finding]:
     return found
 
 
+SUMMARY_COLUMNS = ["finding", "the paper's figure (what it measured)", "ours: headline (95% interval, n)", "verdict",
+                   "what decides it", "rule"]
+
+
 def findings_table(found: list[Finding]) -> pd.DataFrame:
-    return pd.DataFrame([asdict(f) for f in found], columns=list(Finding.__dataclass_fields__))
+    """A suite report's verdicts: thesis.md's summary columns (cells as bounded there) and the rule."""
+    return pd.DataFrame([[summary_cell(f.finding), summary_cell(f.paper), summary_cell(f.headline or f.ours),
+                          f.verdict, summary_cell(f.decides or "–"), f.rule] for f in found], columns=SUMMARY_COLUMNS)
 
 
 def suites_of(results_dir: Path, quick: bool = False) -> dict[str, SuiteResults]:
@@ -555,9 +561,9 @@ def summary_table(found: list[Finding]) -> str:
     """thesis.md's first table, one row a finding; the README's findings table is this table."""
     lines = ["| finding | the paper's figure (what it measured) | ours: headline (95% interval, n) | verdict | "
              "what decides it |", "|---|---|---|---|---|"]
-    for f in found:
-        lines.append(f"| {summary_cell(f.finding)} ({f.suite}) | {summary_cell(f.paper)} | "
-                     f"{summary_cell(f.headline or f.ours)} | **{f.verdict}** | {summary_cell(f.decides or '–')} |")
+    for f, row in zip(found, findings_table(found).itertuples(index=False)):
+        finding, paper, headline, verdict, decides, _ = row
+        lines.append(f"| {finding} ({f.suite}) | {paper} | {headline} | **{verdict}** | {decides} |")
     return "\n".join(lines)
 
 
