@@ -217,8 +217,11 @@ def simulated_seeds_for(pool: np.ndarray, effect: float, alpha: float, power: fl
             hi = n if enough(n) else MAX_SEEDS
             break
     lo = max(3, hi // 2)
-    if enough(lo):
-        lo = 3
+    return _fewest(enough, 3 if enough(lo) else lo, hi)
+
+
+def _fewest(enough, lo: int, hi: int) -> int:
+    """The smallest n in [lo, hi] for which `enough` holds, `enough` rising with n and holding at hi."""
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
@@ -307,13 +310,7 @@ def simulated_seeds_to_rule_out(pool: np.ndarray, effect: float, confidence: flo
     def enough(n: int) -> bool:
         return simulated_rule_out(pool, n, effect, confidence) >= power
 
-    if not enough(MAX_SEEDS):
-        return None
-    lo, hi = 3, MAX_SEEDS
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
-    return lo
+    return _fewest(enough, 3, MAX_SEEDS) if enough(MAX_SEEDS) else None
 
 
 @dataclass(frozen=True)
