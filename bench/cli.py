@@ -156,6 +156,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"results: {Path(args.results_dir) / cf.suite}")
         _track(args, Path(args.results_dir) / cf.suite, [result])
         return 0
+    if args.suite is not None:
+        from psbench.bench.harness.schema import check_suite_name
+        check_suite_name(args.suite, "psbench run", "--suite")
     if args.config:
         experiment = load_experiment(args.config, quick=args.quick)
         specs, suite = experiment.specs, args.suite or experiment.suite_folder
