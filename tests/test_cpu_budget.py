@@ -190,7 +190,8 @@ def _strings(node, path=()):
         yield path, node
 
 
-# Paths the user gave, recorded as given: the one a run spec takes (--data-dir, a workload's files).
+# Paths the user gave, recorded as given: a spec's data_dir (--data-dir, a workload's files); a
+# cluster run (not run here) also keeps its cluster file's path as named (extra.cluster.source).
 USER_PATHS = {("spec", "data_dir")}
 
 
