@@ -80,6 +80,21 @@ def test_a_suite_name_from_the_command_line_or_a_cluster_file_stays_inside_resul
     assert cluster.parse({**raw, "suite": "lab-1"}, "cluster.toml").suite == "lab-1"
 
 
+def test_a_run_by_hand_and_a_cluster_files_run_meet_the_same_bounds(tmp_path, capsys):
+    from psbench.bench.lab import cluster
+
+    line = _one_line_exit_2(["run", "--system", "single", "--workload", "mlp-digits", "-np", str(MAX_WORKERS + 1),
+                             "--results-dir", str(tmp_path / "r"), "--no-progress"], capsys)
+    assert line == (f"psbench: error: psbench run: --workers: got {MAX_WORKERS + 1} (an integer); allowed: an "
+                    f"integer from 1 to {MAX_WORKERS}")
+    assert not (tmp_path / "r").exists()
+    raw = {"launcher": "local", "run": {"system": "ps", "workload": "mlp-digits", "seed": "1"},
+           "hosts": [{"name": "a", "roles": ["ps-server", "worker"]}]}
+    with pytest.raises(ConfigError, match=r"^cluster\.toml: \[run\] seed: got '1' \(text\); allowed: an integer"):
+        cluster.parse(raw, "cluster.toml")
+    assert cluster.parse({**raw, "run": {**raw["run"], "seed": 1}}, "cluster.toml").spec.seed == 1
+
+
 def test_every_shipped_experiment_fits_the_schema_and_the_workers_bound():
     """The bound is no narrower than what we ship (the largest: 16 workers in extra/switch_map.toml)."""
     largest = 0

@@ -111,6 +111,15 @@ def check_field(where: str, field: str, name: str | None, value: Any) -> None:
         raise refuse(where, field, value, rule.describe())
 
 
+def check_spec(spec: dict[str, Any], where: str, section: str = "spec.", complete: bool = True) -> None:
+    """A run's settings as one table (a manifest's spec, a run by hand; a cluster file's [run],
+    not `complete`: a setting left out takes its default)."""
+    for name, rule in SPEC_RULES.items():
+        if name in spec or (complete and not rule.optional):
+            label = name.replace("_", "-") if section == "--" else name  # a command line's flag
+            check_field(where, f"{section}{label}", name, spec.get(name))
+
+
 def check_suite_name(name: Any, where: str, field: str = "suite") -> str:
     """A suite (a folder under results/) or run name: one safe path component."""
     if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
@@ -217,9 +226,7 @@ def check_manifest(manifest: Any, file: Path) -> dict[str, Any]:
             raise ConfigError(f"{where}: corrupt manifest, missing {key}")
     check_suite_name(manifest["run_id"], where, "run_id")
     spec = _table(where, "spec", manifest["spec"])
-    for name, rule in SPEC_RULES.items():
-        if name in spec or not rule.optional:
-            check_field(where, f"spec.{name}", name, spec.get(name))
+    check_spec(spec, where)
     options = spec.get("options")
     if options is not None:
         _settings(where, "spec.options", options, lists=True, options=True)

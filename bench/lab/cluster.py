@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from psbench.bench.harness.schema import check_suite_name
+from psbench.bench.harness.schema import check_spec, check_suite_name
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 from psbench.core.supervisor import Supervisor, stop_tree, tail
@@ -184,6 +184,7 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
                           "store and gloo, which have no authentication: set insecure = true in [run.options] "
                           "(recorded in the manifest)")
     run["workers"] = workers
+    check_spec(run, source, "[run] ", complete=False)
     try:
         spec = RunSpec(**{**run, "options": options})
     except TypeError as exc:
