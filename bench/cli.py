@@ -156,6 +156,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"results: {Path(args.results_dir) / cf.suite}")
         _track(args, Path(args.results_dir) / cf.suite, [result])
         return 0
+    from psbench.bench.harness.schema import check_spec, check_suite_name
+
+    if args.suite is not None:
+        check_suite_name(args.suite, "psbench run", "--suite")
     if args.config:
         experiment = load_experiment(args.config, quick=args.quick)
         specs, suite = experiment.specs, args.suite or experiment.suite_folder
@@ -167,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
                          options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
                          stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)]
+        check_spec(specs[0].to_dict(), "psbench run", "--")  # e.g. -np 4000: the same bound as a file's
         suite = args.suite or "runs"
     # One run asked for by hand runs as asked, oversubscribed or not (as horovodrun or spark-submit
     # would), with a warning and the plan in its manifest; a suite refuses unless allowed.

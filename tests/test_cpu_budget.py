@@ -167,12 +167,58 @@ def test_calibration_is_measured_once_and_cached(monkeypatch, tmp_path):
     monkeypatch.delenv(calibration.FIGURES_ENV, raising=False)  # the session's shipped figures: not here
     monkeypatch.setenv(CORES_ENV, "2")
     conditions = plan(RunSpec("single", "mlp-digits", max_steps=5, emulate_device="step_ms=5")).conditions
-    file = Path(conditions["cpu_calibration"]["file"])
+    recorded = conditions["cpu_calibration"]
+    assert (recorded["file"], recorded["root"]) == ("cpu/single-mlp-digits-v1.json", "$PSBENCH_CACHE")
+    file = calibration.recorded_file(recorded)
     saved = json.loads(file.read_text())
     assert file.parent == tmp_path / "cpu" and len(saved["runs"]) == 2 and set(saved["figures"]) == {WORKERS}
     assert saved["cores"]["cores"] == 2 and saved["runs"][0]["steps"] > saved["runs"][1]["steps"] > 0
     monkeypatch.setattr(calibration, "calibrate", lambda *a, **k: pytest.fail("measured again"))
-    assert plan(RunSpec("single", "mlp-digits", max_steps=5)).conditions["cpu_calibration"]["file"] == str(file)
+    assert plan(RunSpec("single", "mlp-digits", max_steps=5)).conditions["cpu_calibration"] == recorded
+
+
+def _strings(node, path=()):
+    """(path, text) for every string in a JSON document, keys included."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield path + (key,), str(key)
+            yield from _strings(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _strings(value, path + (i,))
+    elif isinstance(node, str):
+        yield path, node
+
+
+# Paths the user gave, recorded as given: a spec's data_dir (--data-dir, a workload's files); a
+# cluster run (not run here) also keeps its cluster file's path as named (extra.cluster.source).
+USER_PATHS = {("spec", "data_dir")}
+
+
+@pytest.mark.parametrize("system, workers", [("single", 1), ("ps", 2)])
+def test_a_runs_manifest_holds_no_path_of_the_machine_that_made_it(monkeypatch, tmp_path, system, workers):
+    """The calibration figures the plan read are named relative to the cache root ('cpu/<file>',
+    the root as '$PSBENCH_CACHE'), and no other string of the manifest is an absolute path or holds
+    the home folder; an older manifest's absolute path still resolves."""
+    from cpu_figures import write_figures
+    from psbench.bench.harness.runner import run_all
+
+    cache = tmp_path / "cache"
+    write_figures(cache / calibration.FIGURES_FOLDER)
+    monkeypatch.setenv("PSBENCH_CACHE", str(cache))
+    monkeypatch.delenv(calibration.FIGURES_ENV, raising=False)
+    spec = RunSpec(system, "mlp-digits", workers=workers, max_steps=4, evals_per_epoch=1, emulate_device="step_ms=20")
+    result = run_all([spec], tmp_path / "results", "paths", progress=False)[0]
+    manifest = json.loads((result.out_dir / "manifest.json").read_text())
+    recorded = manifest["extra"]["conditions"]["cpu_calibration"]
+    assert (recorded["file"], recorded["root"]) == (f"cpu/{system}-mlp-digits-v1.json", "$PSBENCH_CACHE")
+    assert calibration.recorded_file(recorded) == cache / "cpu" / f"{system}-mlp-digits-v1.json"
+    home = str(Path.home())
+    machine_paths = [(path, text) for path, text in _strings(manifest)
+                     if path not in USER_PATHS and (text.startswith("/") or home in text or str(tmp_path) in text)]
+    assert machine_paths == []
+    old = {"file": "/root/.cache/psbench/cpu/ps-mlp-digits-v1.json"}  # as committed manifests hold it
+    assert calibration.recorded_file(old) == Path(old["file"])
 
 
 def test_a_planning_pass_loads_a_workloads_data_once_and_lets_it_go(monkeypatch):

@@ -88,19 +88,44 @@ class SystemCalibration:
 
     def describe(self) -> dict[str, Any]:
         """For a run's manifest: where the figures came from, and the figures."""
-        return {"file": self.file, "measured_at": self.measured_at, "git_sha": self.git_sha,
+        return {"file": self.file, "root": _figures_root()[1] if self.file else None, "measured_at": self.measured_at, "git_sha": self.git_sha,
                 "compute_s": self.compute_s, "step_latency_s": self.step_latency_s,
                 "figures": {r: asdict(f) for r, f in self.figures.items()}, "runs": self.runs}
 
 
 FIGURES_ENV = "PSBENCH_CPU_FIGURES"  # a folder of figures to use instead of cache_dir()/cpu (the tests')
+CACHE_ENV = "PSBENCH_CACHE"          # workloads.datasets.cache_dir's root
+FIGURES_FOLDER = "cpu"               # under the cache root
 
 
 def calibration_file(system: str, workload: str) -> Path:
     import os
 
-    folder = Path(os.environ[FIGURES_ENV]) if os.environ.get(FIGURES_ENV) else cache_dir() / "cpu"
+    folder = Path(os.environ[FIGURES_ENV]) if os.environ.get(FIGURES_ENV) else cache_dir() / FIGURES_FOLDER
     return folder / f"{system}-{workload}-v{CALIBRATION_VERSION}.json"
+
+
+def recorded_name(system: str, workload: str) -> str:
+    """The figures' file as a run's manifest names it: relative to its root, never this machine's
+    absolute path ('cpu/ps-mlp-digits-v1.json' under the cache root, or the bare name in the folder
+    $PSBENCH_CPU_FIGURES names). Which root it is stays in the manifest's `root` (`describe`)."""
+    return calibration_file(system, workload).relative_to(_figures_root()[0]).as_posix()
+
+
+def _figures_root() -> tuple[Path, str]:
+    """The folder recorded names are relative to, and how a manifest names it."""
+    import os
+
+    if os.environ.get(FIGURES_ENV):
+        return Path(os.environ[FIGURES_ENV]), f"${FIGURES_ENV}"
+    return cache_dir(), f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) else "~/.cache/psbench"
+
+
+def recorded_file(described: dict[str, Any]) -> Path:
+    """The file a manifest's cpu_calibration names, on this machine: an absolute path as older
+    manifests wrote it, or a name relative to its root (resolved here, whatever machine wrote it)."""
+    name = Path(str(described.get("file", "")))
+    return name if name.is_absolute() else _figures_root()[0] / name
 
 
 def load(system: str, workload: str) -> SystemCalibration | None:
@@ -111,7 +136,7 @@ def load(system: str, workload: str) -> SystemCalibration | None:
         raw = json.loads(file.read_text())
         if raw.get("version") != CALIBRATION_VERSION:
             return None
-        return SystemCalibration.from_dict(raw, str(file))
+        return SystemCalibration.from_dict(raw, recorded_name(system, workload))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none yet, or unreadable: measure again
 
@@ -218,4 +243,4 @@ def load_or_calibrate(base: RunSpec, compute_s: Callable[[], float], paced: bool
           f"once; cached in {file})", file=sys.stderr)
     calibration = calibrate(base, compute_s(), paced, min_step_s, measure)
     atomic_write_json(file, calibration.to_dict())
-    return SystemCalibration.from_dict(calibration.to_dict(), str(file))
+    return SystemCalibration.from_dict(calibration.to_dict(), recorded_name(base.system, base.workload))

@@ -21,6 +21,9 @@
     [[override]]                          # runs matching every key but `settings` get those settings
     workload = "logreg-digits"            # (a [quick] key still wins in --quick)
     settings = { epochs = 50 }
+
+Every value's type and range (workers 1..256, a suite name that stays inside results/) is checked
+first (schema.py), so a bad file is one line naming the field.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from psbench.bench.harness.schema import check_experiment
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 
@@ -85,6 +89,7 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def expand(config: dict[str, Any], quick: bool = False, source: Path | None = None) -> Experiment:
+    check_experiment(config, source)
     unknown = sorted(set(config) - TOP_LEVEL_KEYS)
     if unknown:
         raise ConfigError(f"unknown config section(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}")

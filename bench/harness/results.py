@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from psbench.bench.harness.schema import check_manifest
 from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
 from psbench.core.tables import read_table_file, steps_kept as holds_steps, table_files
@@ -115,15 +116,7 @@ def _read_manifest(file: Path) -> dict[str, Any]:
         manifest = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: corrupt manifest, not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or "psbench_manifest" not in manifest:
-        raise ConfigError(f"{file}: not a psbench manifest (no 'psbench_manifest' key)")
-    missing = [k for k in ("run_id", "spec", "summary") if not isinstance(manifest.get(k), (str, dict))]
-    if missing or not isinstance(manifest["spec"], dict) or not isinstance(manifest["summary"], dict):
-        raise ConfigError(f"{file}: corrupt manifest, missing or malformed {', '.join(missing) or 'spec/summary'}")
-    for key in ("system", "workload"):
-        if not isinstance(manifest["spec"].get(key), str):
-            raise ConfigError(f"{file}: corrupt manifest, spec has no {key}")
-    return manifest
+    return check_manifest(manifest, file)
 
 
 def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:

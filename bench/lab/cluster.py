@@ -61,6 +61,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from psbench.bench.harness.schema import check_spec, check_suite_name
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 from psbench.core.supervisor import Supervisor, stop_tree, tail
@@ -183,6 +184,7 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
                           "store and gloo, which have no authentication: set insecure = true in [run.options] "
                           "(recorded in the manifest)")
     run["workers"] = workers
+    check_spec(run, source, "[run] ", complete=False)
     try:
         spec = RunSpec(**{**run, "options": options})
     except TypeError as exc:
@@ -199,7 +201,8 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
         raise ConfigError(f"{source}: [ssh] unknown key(s) {', '.join(bad_ssh)}; allowed: "
                           f"{', '.join(f.name for f in fields(SshSettings))}")
     ssh = SshSettings(**ssh_raw) if launcher == "ssh" else SshSettings()
-    return ClusterFile(launcher, spec, tuple(hosts), str(raw.get("suite", "cluster")), port, float(timeout), ssh, source)
+    suite = check_suite_name(raw.get("suite", "cluster"), source)
+    return ClusterFile(launcher, spec, tuple(hosts), suite, port, float(timeout), ssh, source)
 
 
 def _check_system_options(system: str, options: dict[str, Any], source: str) -> Any:
