@@ -113,15 +113,17 @@ def test_switch_run_reaches_accuracy(switched):
     assert result.summary["staleness_mean"] > 0 and result.summary["staleness_max"] >= 1
 
 
-def test_criterion_that_never_fires_runs_sync_only(tmp_path):
+@pytest.mark.parametrize("sync, sync_staleness", [("ddp", None), ("ps-bsp", 0)])
+def test_criterion_that_never_fires_runs_sync_only(tmp_path, sync, sync_staleness):
     spec = RunSpec("switch", "mlp-digits", workers=2, seed=1, max_steps=30,
-                   options={"criterion": "plateau:window=25,threshold=0.0001"})
+                   options={"criterion": "plateau:window=25,threshold=0.0001", "sync": sync})
     recorder = Recorder(spec)
     SwitchSystem().run(spec, parse_options(SwitchOptions, spec.options, "switch"), recorder)
     info = recorder.extra["switch"]
     assert info["fired"] is False and info["switch_step"] is None and "never fired" in info["note"]
     assert not [e for e in recorder.events if e["kind"] == "switch"]
-    assert {r["step"] for r in recorder.steps} == set(range(30)) and all(r["staleness"] is None for r in recorder.steps)
+    assert {r["step"] for r in recorder.steps} == set(range(30))
+    assert all(r["staleness"] == sync_staleness for r in recorder.steps)  # allreduce: none; bsp: every update fresh
 
 
 def test_ps_bsp_phase1_then_ssp(tmp_path):

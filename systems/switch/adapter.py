@@ -117,6 +117,8 @@ def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, record
     prep1 = dataclasses.replace(prep, spec=dataclasses.replace(spec, max_steps=budget))
     result = run_ps_phase(prep1, options.ps_options("bsp", mitigation="none"), recorder,
                           stop_criterion=options.criterion)
+    if not result.stopped:  # the run ends with phase 1: its clock stops here, not after the standby's exit
+        recorder.stop_clock()
     return Phase1(min(result.steps.values()), result.stopped, result.params, result.momentum, result.buffers,
                   recorder.now(), time.time())
 
