@@ -146,7 +146,8 @@ def test_ps_bsp_phase1_then_ssp(tmp_path):
 def test_ps_bsp_plateau_stops_every_worker_at_one_step_on_the_shared_mean_loss():
     """The plateau criterion on a PS BSP sync phase: each push reports the worker's loss, shard 0's
     reply gives every worker the step's mean, every worker's copy of the rule fires at the same step,
-    and the switch step is where the rule, replayed on the recorded mean losses, fires first."""
+    and the switch step is where the rule, replayed on the recorded mean losses, fires first. (Real
+    shards and workers, both phases, as this module's other runs: ~15 s.)"""
     from psbench.systems.switch.criteria import Observation, parse_criterion
 
     criterion = "plateau:window=8,threshold=0.05"

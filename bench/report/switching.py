@@ -34,9 +34,9 @@ SWITCH_RULE_EXTRA = (f"The fastest sync system (ddp or ps bsp: the same averaged
                      f"-{SWITCH_ACC_PP:g} pp with Holm's correction over the variants; pure ASP, a switch with "
                      f"another sync phase, a variant whose criterion never fired and a configuration with fewer "
                      f"paired seeds than the thesis' point (a regime-map cell) are shown, not tested. Stability: the "
-                     f"verdict seeds split into pre-specified blocks of {BLOCK_SEEDS} (seed // {BLOCK_SEEDS}); the rule "
-                     f"is applied to each block and to all seeds; blocks that disagree make the verdict inconclusive "
-                     f"(more seeds needed: another block), else the verdict is the one on all seeds.")
+                     f"verdict seeds split into pre-specified blocks of {BLOCK_SEEDS} (seed // {BLOCK_SEEDS}); "
+                     f"the rule is applied to each block and to all seeds; blocks that disagree make the verdict "
+                     f"inconclusive (more seeds needed: another block), else the verdict is the one on all seeds.")
 
 
 def _paired(runs: pd.DataFrame, base: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +165,8 @@ def switch_outcome(found: list[SwitchComparison]) -> str:
     below SWITCH_SPEEDUP or its accuracy interval below -SWITCH_ACC_PP, else OPEN."""
     tested = [c for c in found if c.in_verdict]
     table = switch_verdict_table(found)
-    holds = [row[f"> {SWITCH_SPEEDUP:g}x after Holm"] == "yes" and row[f"within {SWITCH_ACC_PP:g} pp after Holm"] == "yes"
+    speed, accuracy = f"> {SWITCH_SPEEDUP:g}x after Holm", f"within {SWITCH_ACC_PP:g} pp after Holm"
+    holds = [row[speed] == "yes" and row[accuracy] == "yes"
              for c, (_, row) in zip(found, table.iterrows()) if c.in_verdict]
     if any(holds):
         return HOLDS

@@ -251,8 +251,8 @@ def switch(res: SuiteResults) -> Finding | None:
     if judged.outcome == sw.BLOCKS_DISAGREE:
         decides = (f"the seed blocks disagree ({blocks}): needs more seeds, another block of {sw.BLOCK_SEEDS}")
     elif judged.outcome == sw.HOLDS:
-        decides = (f"a ps-bsp-phase switch shown > {SWITCH_SPEEDUP:g}x sooner and within {SWITCH_ACC_PP:g} pp "
-                   f"after Holm; blocks: {blocks}")
+        decides = (f"a switch with {lead.baseline}'s sync phase shown > {SWITCH_SPEEDUP:g}x sooner and within "
+                   f"{SWITCH_ACC_PP:g} pp after Holm; blocks: {blocks}")
     else:
         decides = (f"speed-up interval vs {SWITCH_SPEEDUP:g}x and accuracy interval vs -{SWITCH_ACC_PP:g} pp "
                    f"({'both ruled out' if judged.outcome == sw.FAILS else 'not both shown'}); blocks: {blocks}")
@@ -270,8 +270,8 @@ def _switch_detail(res: SuiteResults, judged) -> str:
     system; then what ran where."""
     from psbench.bench.report import switching as sw
 
-    lines = ["| seeds | variant | vs | n | time to target (s) | speed-up | final acc diff (pp) | reached | in the verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| seeds | variant | vs | n | time to target (s) | speed-up | final acc diff (pp) | reached | "
+             "in the verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for name, found in [*judged.blocks.items(), ("all seeds", judged.combined)]:
         for c in found:
             if c.map_cell:
@@ -293,8 +293,8 @@ def _switch_detail(res: SuiteResults, judged) -> str:
     lines += ["", f"Outcome per block: {outcomes}; on all seeds: {sw.switch_outcome(judged.combined)}; "
                   f"verdict: {judged.outcome}.",
               f"Target {target.target:.3f} ({target.target_source}).",
-              f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; {', '.join(map(str, workers))} "
-              f"workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
+              f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; "
+              f"{', '.join(map(str, workers))} workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
               f"also holds its async phase's processes waiting, and the PS a shard); oversubscribed: {over} of "
               f"{len(runs)} runs.",
               "", f"Rule: {RULES['switch']}. {SWITCH_RULE_EXTRA}"]
