@@ -258,14 +258,14 @@ def switch(res: SuiteResults) -> Finding | None:
                    f"({'both ruled out' if judged.outcome == sw.FAILS else 'not both shown'}); blocks: {blocks}")
     return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts + map_parts),
                    verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite,
-                   headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged))
+                   headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged, verdict))
 
 
 def _cell(text: str) -> str:
     return text if len(text) <= SUMMARY_CELL else text[:SUMMARY_CELL - 1] + "…"
 
 
-def _switch_detail(res: SuiteResults, judged) -> str:
+def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
     """The switch's section: per block and on all seeds, each variant against the fastest sync
     system; then what ran where."""
     from psbench.bench.report import switching as sw
@@ -291,7 +291,8 @@ def _switch_detail(res: SuiteResults, judged) -> str:
     per_core = ", ".join(f"{w / c:.1f}" for w in workers for c in cores) or "?"
     target = point[0] if point else judged.combined[0]
     lines += ["", f"Outcome per block: {outcomes}; on all seeds: {sw.switch_outcome(judged.combined)}; "
-                  f"verdict: {judged.outcome}.",
+                  f"verdict: {verdict}" + (" (the blocks disagree: needs more seeds)" if
+                                           judged.outcome == sw.BLOCKS_DISAGREE else "") + ".",
               f"Target {target.target:.3f} ({target.target_source}).",
               f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; "
               f"{', '.join(map(str, workers))} workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
