@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.stats import pearsonr
 
@@ -282,7 +283,7 @@ def test_switch_verdict_follows_the_records(tmp_path):
 
 
 def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_out():
-    """Seeds >= 100 set the target (from ddp's curve) and pick the fastest sync system; the verdict
+    """Seeds >= 100 set the target (the fastest sync system's final accuracy) and pick that system; the verdict
     pairs the other seeds only; a variant that never switched is shown as such, not tested."""
     import tempfile
 
@@ -333,6 +334,74 @@ def test_switch_verdict_tests_the_thesis_point_and_shows_the_map_slice_untested(
     monkeypatch.setattr(plots, "save", keep)
     plots.switch_map(res, tmp_path)  # the map cell's switch is drawn beside the thesis' point
     assert rows["mlp-digits: switch (best variant)"] == ["native", "stragglers slow:1=2.5"]
+
+
+def _own_sync_suite(root: Path, fast_seeds, slow_seeds, ddp_phase: bool = True) -> Path:
+    """ps bsp faster than ddp (ddp on the calibration seeds only), a switch whose sync phase is ps bsp
+    (fast on `fast_seeds`, as slow as ps bsp on `slow_seeds`), and a DDP-phase switch beside it."""
+    common = dict(workload="mlp-digits", workers=4, batch_size=16)
+    for seed in [100, 101]:
+        fake_run(root, "switch", RunSpec("ddp", seed=seed, **common), step_s=0.006, target=0.8)
+    for seed in [*fast_seeds, *slow_seeds, 100, 101]:
+        jitter = 1 + 0.01 * (seed % 5)
+        fake_run(root, "switch", RunSpec("ps", seed=seed, **common, options={"consistency": "bsp"}),
+                 step_s=0.004 * jitter, target=0.8)
+    for seed in [*fast_seeds, *slow_seeds]:
+        step_s = (0.002 if seed in fast_seeds else 0.0039) * (1 + 0.013 * (seed % 4))
+        fake_run(root, "switch", RunSpec("switch", seed=seed, **common,
+                                         options={"criterion": "plateau:window=30,threshold=0.05", "sync": "ps-bsp"}),
+                 step_s=step_s, switch_at=6, target=0.8)
+    for seed in fast_seeds if ddp_phase else []:
+        fake_run(root, "switch", RunSpec("switch", seed=seed, **common, options={"criterion": "fixed:fraction=0.3"}),
+                 step_s=0.002, switch_at=6, target=0.8)
+    return root / "switch"
+
+
+def test_switch_target_is_the_fastest_sync_systems_final_accuracy_and_final_is_a_mean_of_evaluations(tmp_path):
+    """The target: 0.99 x the fastest sync system's (ps bsp: more samples/s than ddp) mean final accuracy
+    on the calibration seeds; a run's final accuracy is the mean of its last FINAL_K evaluations, so a
+    last evaluation that collapses moves it by a FINAL_K-th; only the switch whose sync phase is ps bsp is
+    tested, the DDP-phase switch is shown beside."""
+    from psbench.bench.report import switching
+
+    res = load_suite(_own_sync_suite(tmp_path, fast_seeds=[0, 1, 2, 3], slow_seeds=[]))
+    found = switching.switch_comparisons(res)
+    val = res.evals[res.evals["split"] == "val"].sort_values("t_wall", kind="stable")
+    final = {r: g["accuracy"].tail(switching.FINAL_K).mean() for r, g in val.groupby("run_id")}
+    runs = res.runs.assign(final=res.runs["run_id"].map(final))
+    bsp = runs[runs["opt_consistency"] == "bsp"]
+    expected = np.floor(0.99 * bsp[bsp["seed"] >= 100]["final"].mean() / 0.005) * 0.005
+    own = next(c for c in found if "ps-bsp" in c.variant)
+    assert own.baseline == "ps (bsp)" and own.target == pytest.approx(expected) and own.in_verdict
+    sw = runs[runs["label"] == own.variant].set_index("seed")["final"]
+    base = bsp[bsp["seed"] < 100].set_index("seed")["final"]
+    assert own.accuracy_pp.estimate == pytest.approx(100 * (sw - base.loc[sw.index]).mean())
+    (ddp_phase,) = [c for c in found if c.variant != own.variant and c.never_switched != "–"]
+    assert not ddp_phase.in_verdict
+    assert switching.variant_role(ddp_phase) == "no: its sync phase is not ps (bsp), shown beside"
+    collapse = pd.DataFrame({"t_wall": range(8), "accuracy": [0.5, 0.9, 0.97, 0.98, 0.99, 0.985, 0.986, 0.593]})
+    assert switching._final_accuracy(collapse) == pytest.approx(np.mean([0.98, 0.99, 0.985, 0.986, 0.593]))
+
+
+def test_switch_verdict_is_inconclusive_when_the_seed_blocks_disagree(tmp_path):
+    """Seeds 0-9 and 10-19 are two pre-specified blocks: a switch shown fast on one and as slow as sync on
+    the other gives two outcomes, so the verdict is inconclusive (more seeds needed), whatever all seeds say;
+    the section shows each block's table. (~40 synthetic runs: two blocks of a paired design, twice.)"""
+    from psbench.bench.report import switching
+
+    res = load_suite(_own_sync_suite(tmp_path, fast_seeds=[0, 1, 2, 3], slow_seeds=[10, 11, 12, 13], ddp_phase=False))
+    judged = switching.switch_verdict(res)
+    assert judged.block_outcomes == {"seeds 0–9": switching.HOLDS, "seeds 10–19": switching.FAILS}
+    assert judged.outcome == switching.BLOCKS_DISAGREE
+    (finding,) = thesis.findings(res)
+    assert finding.verdict == thesis.INCONCLUSIVE and "blocks disagree" in finding.decides
+    assert len(finding.headline) <= thesis.SUMMARY_CELL and len(finding.decides) <= thesis.SUMMARY_CELL
+    assert "(n=8)" in finding.headline and "| seeds 10–19 |" in finding.detail and "Rule:" in finding.detail
+    agree = load_suite(_own_sync_suite(tmp_path / "agree", fast_seeds=[0, 1, 2, 10, 11, 12], slow_seeds=[],
+                                       ddp_phase=False))
+    judged = switching.switch_verdict(agree)
+    assert set(judged.block_outcomes.values()) == {switching.HOLDS} and judged.outcome == switching.HOLDS
+    assert thesis.findings(agree)[0].verdict == thesis.REPRODUCED
 
 
 def test_switch_verdict_corrects_over_the_tested_variants_only():

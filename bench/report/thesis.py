@@ -71,11 +71,12 @@ RULES = {
                   "above 1 at every measured worker count and rising: the largest count's interval above the "
                   "smallest count's estimate; not reproduced if at the largest count the interval lies at or below 1 "
                   "or below the smallest count's estimate; else inconclusive",
-    "switch": f"reproduced if a switch variant's time to target (training clock, hand-over on it) is shown "
-              f"> {SWITCH_SPEEDUP:g}x sooner than the fastest sync system's and its final validation accuracy "
-              f"shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at alpha {0.05:g}, Holm "
-              f"over the variants); not reproduced if every variant that switched has its speed-up interval "
-              f"below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; else inconclusive",
+    "switch": f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
+              f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its final "
+              f"validation accuracy shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at alpha "
+              f"{0.05:g}, Holm over the variants); not reproduced if every such variant that switched has its "
+              f"speed-up interval below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; "
+              f"else inconclusive; and inconclusive whenever the pre-specified seed blocks disagree",
     "sharding": f"per strategy (distribution-aware's k set per data set), one pre-specified family: its ratios of "
                 f"final training and validation accuracy (random ÷ strategy, paired by seed) over every data set and "
                 f"condition, at {ALPHA:g} ÷ the strategies, Holm within the family, by the paired Brown–Forsythe test "
@@ -239,12 +240,14 @@ def throughput(res: SuiteResults) -> Finding | None:
 # ---- Strategy-Switch -----------------------------------------------------------------------------
 
 def switch(res: SuiteResults) -> Finding | None:
-    found = switch_comparisons(res)
-    if not found:
+    from psbench.bench.report import switching as sw
+
+    judged = sw.switch_verdict(res)
+    if judged is None:
         return None
+    found = judged.combined
     table = switch_verdict_table(found)
-    tested = [c for c in found if c.in_verdict]
-    parts, holds, map_parts = [], [], []
+    parts, map_parts = [], []
     for c, (_, row) in zip(found, table.iterrows()):
         if c.map_cell:
             map_parts.append(f"map cell ({c.conditions}, n={c.speedup.n}, not tested): {c.variant} vs {c.baseline} "
@@ -255,14 +258,66 @@ def switch(res: SuiteResults) -> Finding | None:
                      f"speed-up {_fmt_ci(c.speedup.interval)}, p={c.speedup.p:.3g}, detectable {c.speedup.mde:.2f}x; "
                      f"val acc {_fmt_ci(c.accuracy_pp.interval, ' pp')}; reached {c.reached}"
                      + (f"; never switched {c.never_switched}" if c.never_switched not in ("–", "0/0") else "")
-                     + ("" if c.in_verdict or c.never_switched == "–" else " (never acted: not in the verdict)"))
-        if c.in_verdict:
-            holds.append(row[f"> {SWITCH_SPEEDUP:g}x after Holm"] == "yes" and
-                         row[f"within {SWITCH_ACC_PP:g} pp after Holm"] == "yes")
-    fails = [c.speedup.hi < SWITCH_SPEEDUP or c.accuracy_pp.hi < -SWITCH_ACC_PP for c in tested]
-    verdict = (REPRODUCED if any(holds) else NOT_REPRODUCED if tested and all(fails) else INCONCLUSIVE)
+                     + ("" if c.in_verdict or c.never_switched == "–" else
+                        " (never acted: not in the verdict)" if not c.switched else f" ({sw.variant_role(c)})"))
+    verdict = {sw.HOLDS: REPRODUCED, sw.FAILS: NOT_REPRODUCED}.get(judged.outcome, INCONCLUSIVE)
+    blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items())
+    tested = [c for c in found if c.in_verdict]
+    lead = max(tested or [c for c in found if not c.map_cell] or found, key=lambda c: c.speedup.estimate)
+    headline = (f"{lead.variant} vs {lead.baseline}: {_fmt_ci(lead.speedup.interval)} sooner to "
+                f"{lead.target:.3f}, final acc {_fmt_ci(lead.accuracy_pp.interval, ' pp', 1)}")
+    if judged.outcome == sw.BLOCKS_DISAGREE:
+        decides = (f"the seed blocks disagree ({blocks}): needs more seeds, another block of {sw.BLOCK_SEEDS}")
+    elif judged.outcome == sw.HOLDS:
+        decides = (f"a switch with {lead.baseline}'s sync phase shown > {SWITCH_SPEEDUP:g}x sooner and within "
+                   f"{SWITCH_ACC_PP:g} pp after Holm; blocks: {blocks}")
+    else:
+        decides = (f"speed-up interval vs {SWITCH_SPEEDUP:g}x and accuracy interval vs -{SWITCH_ACC_PP:g} pp "
+                   f"({'both ruled out' if judged.outcome == sw.FAILS else 'not both shown'}); blocks: {blocks}")
     return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts + map_parts),
-                   verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite)
+                   verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite,
+                   headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged, verdict))
+
+
+def _cell(text: str) -> str:
+    return text if len(text) <= SUMMARY_CELL else text[:SUMMARY_CELL - 1] + "…"
+
+
+def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
+    """The switch's section: per block and on all seeds, each variant against the fastest sync
+    system; then what ran where."""
+    from psbench.bench.report import switching as sw
+
+    lines = ["| seeds | variant | vs | n | time to target (s) | speed-up | final acc diff (pp) | reached | "
+             "in the verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, found in [*judged.blocks.items(), ("all seeds", judged.combined)]:
+        for c in found:
+            if c.map_cell:
+                continue
+            lines.append(f"| {name} | {c.variant} | {c.baseline} | {c.speedup.n} | "
+                         f"{c.time_to_target.estimate:.2f} vs {c.base_time_to_target.estimate:.2f} | "
+                         f"{_fmt_ci(c.speedup.interval)} | {_fmt_ci(c.accuracy_pp.interval, '', 1)} | {c.reached} | "
+                         f"{sw.variant_role(c)} |")
+    outcomes = ", ".join(f"{name}: {o}" for name, o in [*judged.block_outcomes.items()]) or "one block"
+    point = [c for c in judged.combined if not c.map_cell]
+    runs = res.runs[res.runs["workers"].isin({c.workers for c in point})]
+    device = sorted({str(d) for d in runs["emulate_device"].dropna()}) or ["none (real compute)"]
+    stragglers = sorted({str(x) for x in runs["stragglers"].dropna() if str(x)}) or ["none"]
+    workers = sorted({int(w) for w in runs["workers"]})
+    cores = sorted({int(c) for c in runs["cores"].dropna()}) if "cores" in runs else []
+    over = int(runs["oversubscribed"].eq(True).sum()) if "oversubscribed" in runs else 0
+    per_core = ", ".join(f"{w / c:.1f}" for w in workers for c in cores) or "?"
+    target = point[0] if point else judged.combined[0]
+    lines += ["", f"Outcome per block: {outcomes}; on all seeds: {sw.switch_outcome(judged.combined)}; "
+                  f"verdict: {verdict}" + (" (the blocks disagree: needs more seeds)" if
+                                           judged.outcome == sw.BLOCKS_DISAGREE else "") + ".",
+              f"Target {target.target:.3f} ({target.target_source}).",
+              f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; "
+              f"{', '.join(map(str, workers))} workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
+              f"also holds its async phase's processes waiting, and the PS a shard); oversubscribed: {over} of "
+              f"{len(runs)} runs.",
+              "", f"Rule: {RULES['switch']}. {SWITCH_RULE_EXTRA}"]
+    return "\n".join(lines)
 
 
 # ---- sharding variance ---------------------------------------------------------------------------

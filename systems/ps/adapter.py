@@ -142,6 +142,7 @@ class PhaseResult:
     steps: dict[int, int]              # worker -> last step index + 1
     server_stats: list[dict[str, Any]] = field(default_factory=list)
     buffers: np.ndarray | None = None  # worker 0's final BatchNorm statistics (for a later phase)
+    stopped: bool = False              # every worker stopped on the shared step stop (stop_criterion fired)
 
 
 def check_timer_model(spec: RunSpec, workload: Any) -> None:
@@ -201,7 +202,10 @@ class PSPhase:
     both runtimes up): the hand-over then moves only the state, the start step and the BatchNorm
     statistics (with the workers' go), and the processes' start-up is launch cost."""
 
-    def __init__(self, prep: Prepared, options: PSOptions, fail_worker_at: tuple[int, int] | None = None):
+    def __init__(self, prep: Prepared, options: PSOptions, fail_worker_at: tuple[int, int] | None = None,
+                 stop_criterion: str | None = None):
+        """`stop_criterion` (bsp): a switch criterion (systems/switch/criteria.py) every worker
+        evaluates on the step's shared report (mean training loss, clock), all stopping at one step."""
         self.prep, self.options = prep, options
         spec, n = prep.spec, prep.spec.workers
         self.shapes = [tuple(p.shape) for p in prep.build_model().parameters()]
@@ -224,6 +228,11 @@ class PSPhase:
                             repr(options.step_timeout_s + 60), "--retry-s", repr(options.retry_s)]
         if options.pipeline:
             self.worker_args.append("--pipeline")
+        if stop_criterion is not None:
+            if parse_consistency(options.consistency)[0] != "bsp":
+                raise ConfigError(f"a shared stop criterion needs consistency bsp (a step every worker passes), "
+                                  f"got {options.consistency!r}")
+            self.worker_args += ["--stop-criterion", stop_criterion]
         self.extra = {0: ["--snapshots"]} if not spec.eval_every_s else {}  # worker 0's, or ServerSnapshots
         if fail_worker_at is not None:
             self.extra.setdefault(fail_worker_at[0], []).extend(["--fail-at-step", str(fail_worker_at[1])])
@@ -336,16 +345,18 @@ class PSPhase:
                                    "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
                                               "server_restarts": cluster.restarts,
                                               "lost_updates": sum(r["lost_updates"] or 0 for r in cluster.restarts)}})
-        return PhaseResult(final, momentum, steps, stats, final_buffers)
+        stopped = bool(reports) and all(rep.stopped_at is not None for rep in reports.values())
+        return PhaseResult(final, momentum, steps, stats, final_buffers, stopped)
 
 
 def run_ps_phase(prep: Prepared, options: PSOptions, recorder: Recorder, init_params: np.ndarray | None = None,
                  init_momentum: np.ndarray | None = None, start_step: int = 0,
                  fail_worker_at: tuple[int, int] | None = None, init_buffers: np.ndarray | None = None,
                  before_go: Callable[[KVWorker], None] | None = None,
-                 start_t_wall: float | None = None, evaluate_start: bool = True) -> PhaseResult:
-    """Start a PS phase's processes and train it (PSPhase.run's arguments)."""
-    with PSPhase(prep, options, fail_worker_at) as phase:
+                 start_t_wall: float | None = None, evaluate_start: bool = True,
+                 stop_criterion: str | None = None) -> PhaseResult:
+    """Start a PS phase's processes and train it (PSPhase's and PSPhase.run's arguments)."""
+    with PSPhase(prep, options, fail_worker_at, stop_criterion) as phase:
         return phase.run(recorder, init_params, init_momentum, start_step, init_buffers, before_go, start_t_wall,
                          evaluate_start)
 

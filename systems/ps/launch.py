@@ -42,6 +42,7 @@ class WorkerReport:
     snapshots: list[np.ndarray] = field(default_factory=list)
     final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     lost: bool = False  # the worker died: rows are those it sent before (progress reports)
+    stopped_at: int | None = None  # the steps done when its shared step stop fired (a switch's criterion)
 
 
 ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes", "compute_s", "emulated_s", "comm_s",
@@ -302,7 +303,8 @@ class Cluster:
             if msg.op == "worker_done":
                 arrays = [a.copy() for a in msg.arrays]  # the last one: the worker's final buffers
                 reports[msg.worker] = WorkerReport(msg.worker, msg.extra["rows"], list(msg.extra["snapshot_steps"]),
-                                                   list(msg.extra["snapshot_t"]), arrays[:-1], arrays[-1])
+                                                   list(msg.extra["snapshot_t"]), arrays[:-1], arrays[-1],
+                                                   stopped_at=msg.extra.get("stopped_at"))
         for w in sorted(set(self.lost_workers) - set(reports)):  # the rows it sent before it died
             rows = self.partial_rows.get(w, {})
             reports[w] = WorkerReport(w, {c: rows.get(c, []) for c in ROW_COLUMNS}, lost=True)
@@ -356,4 +358,5 @@ class WorkerControl:
         arrays = [np.ascontiguousarray(a, dtype=np.float32) for a in [*result.snapshots, result.final_buffers]]
         self.sock.send_multipart(protocol.encode(
             "worker_done", worker=self.worker_id, token=self.token, keys=list(range(len(arrays))), arrays=arrays,
-            rows=result.rows, snapshot_steps=result.snapshot_steps, snapshot_t=result.snapshot_t), copy=False)
+            rows=result.rows, snapshot_steps=result.snapshot_steps, snapshot_t=result.snapshot_t,
+            stopped_at=result.stopped_at), copy=False)

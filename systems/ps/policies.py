@@ -142,6 +142,8 @@ class Request:
     based_on: int | None = None  # pipelined push: the version its gradient was computed on
     reusable: bool = False  # `grad`'s buffer is ours to overwrite (with the new weights)
     frame: Any = None       # the zmq frame `grad` lives in, if it came off a socket (sent back by reference)
+    report: tuple[float, float] | None = None  # bsp: the worker's (training loss, training clock) of this step
+    shared: tuple[float, float] | None = None  # bsp: the step's (mean loss, latest clock) over its reports
 
 
 class Server(Protocol):
@@ -260,7 +262,9 @@ class BSP(Policy):
         waiting = sorted(self.pending.values(), key=lambda r: r.worker)
         staleness = srv.apply(avg, waiting, True, self.acc_frame)
         self._clear()
+        shared = step_report(waiting)
         for req in waiting:
+            req.shared = shared
             srv.reply_push(req, staleness)
 
     def _clear(self) -> None:
@@ -280,6 +284,16 @@ class BSP(Policy):
             self._clear()
             for req in waiting:  # nothing was applied: the shard's parameters are unchanged
                 srv.reply_error(req, f"bsp: timed out after {timeout_s:.0f}s waiting for worker(s) {missing}")
+
+
+def step_report(reqs: list[Request]) -> tuple[float, float] | None:
+    """What a BSP step's reply tells every worker alike: the mean of the step's reported training
+    losses and the latest training clock among them (None: nobody reported). Every worker gets the
+    same pair, so a rule each evaluates on it (a switch criterion) decides the same at the same step."""
+    reports = [r.report for r in reqs if r.report is not None]
+    if not reports:
+        return None
+    return float(np.mean([loss for loss, _ in reports])), float(max(t for _, t in reports))
 
 
 class SSP(Policy):

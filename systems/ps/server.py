@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import time
@@ -152,6 +153,7 @@ class Shard:
         # a retry of it, sent before that error arrived, gets the error again, not a new round
         self.expired: dict[int, tuple[int, str]] = {}
         self.n_duplicates = 0
+        self.last_shared: dict[int, tuple[float, float]] = {}  # per worker, the step report of its last reply
         self.registered: dict[str, int] = {}  # nonce -> worker id
         self.finished: set[int] = set()       # workers that said bye (a job's launcher polls stats for it)
         self._next_liveness = 0.0
@@ -242,7 +244,11 @@ class Shard:
                                arrays=[params[k] for k in keys], **_rid(req.rid), **extra)
 
     def reply_push(self, req: Request, staleness: int | None) -> None:
-        fields = {} if staleness is None else {"staleness": staleness}
+        fields: dict[str, Any] = {} if staleness is None else {"staleness": staleness}
+        if req.shared is not None:
+            fields["step_loss"], fields["step_clock_s"] = req.shared
+            if req.worker != ADMIN:
+                self.last_shared[req.worker] = req.shared  # a retry of this push is answered with it too
         if req.want_params:
             frames = self._params_frames(req, "params", None, **fields)
         else:
@@ -367,6 +373,7 @@ class Shard:
         if based_on is not None and self.policy.kind != "asp":
             raise protocol.ProtocolError(f"a pipelined push (based_on) needs consistency asp; this shard runs "
                                          f"{self.consistency}")
+        report = self._check_report(msg.extra.get("report"))
         if msg.flat is not None and msg.keys == self.keys:  # packed in our key order: the frame is the gradient
             grad, frame = msg.flat, msg.owners[0]
             reusable = frame is not None and grad.flags.writeable
@@ -389,7 +396,7 @@ class Shard:
             # the staleness it was applied with is known for the last one only
             staleness = done[1] if req.rid == done[0] else None
             return lambda: self._answer_duplicate(req, staleness)
-        req.based_on = based_on
+        req.based_on, req.report = based_on, report
         if bad is None:
             req.grad, req.reusable, req.frame = grad, reusable, (frame if reusable else None)
         self.policy.check_push(req)
@@ -401,6 +408,20 @@ class Shard:
                             self.shard_id, w, req.step, bad)
             self.policy.push(self, req)
         return act
+
+    def _check_report(self, report: Any) -> tuple[float, float] | None:
+        """A push's step report, [training loss, training clock in s]: two finite numbers, under bsp
+        only (its reply shares the step's mean with every worker; no other policy has a common step)."""
+        if report is None:
+            return None
+        if self.policy.kind != "bsp":
+            raise protocol.ProtocolError(f"a push's report (a shared per-step decision) needs consistency bsp; "
+                                         f"this shard runs {self.consistency}")
+        if (type(report) is not list or len(report) != 2 or
+                not all(type(v) in (int, float) and math.isfinite(v) for v in report)):
+            raise protocol.ProtocolError(f"a push's report must be [loss, seconds], two finite numbers, got "
+                                         f"{report!r:.60}")
+        return float(report[0]), float(report[1])
 
     def _check_progress(self, w: int, msg: protocol.Message) -> None:
         """A worker's step and the version it says it holds, against what this shard knows: its
@@ -434,6 +455,8 @@ class Shard:
 
     def _answer_duplicate(self, req: Request, staleness: int | None) -> None:
         self.n_duplicates += 1
+        if staleness is not None:  # the last push applied: its step report as first sent
+            req.shared = self.last_shared.get(req.worker)
         self.reply_push(req, staleness)
 
     def _seen(self, w: int, now: float) -> None:

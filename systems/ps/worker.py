@@ -16,7 +16,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -213,12 +213,15 @@ class KVWorker:
         return self._send(requests)
 
     def push_flat_start(self, flat: np.ndarray, step: int = 0, want_params: bool = False,
-                        based_on: Sequence[int] | None = None) -> InFlight:
+                        based_on: Sequence[int] | None = None, report: tuple[float, float] | None = None) -> InFlight:
         """push_start of every key's gradient, given as one flat float32 vector in key order: each
-        shard gets its slice, one packed frame, zero-copy."""
+        shard gets its slice, one packed frame, zero-copy. `report` (bsp): this step's (training
+        loss, training clock), to shard 0, whose reply shares the step's mean with every worker."""
         requests = {}
         for j, (lo, hi) in enumerate(self.spans):
             extra = {} if based_on is None else {"based_on": int(based_on[j])}
+            if report is not None and j == 0:
+                extra["report"] = [float(report[0]), float(report[1])]
             requests[j] = protocol.encode("push", worker=self.worker_id, step=step, version=self.versions[j],
                                           keys=self.layout[j], layout=self.wire_layouts[j], packed=flat[lo:hi],
                                           token=self.token, rid=self.rid, want_params=want_params, **extra)
@@ -275,6 +278,7 @@ class WorkerResult:
     snapshot_t: list[float] = field(default_factory=list)
     snapshots: list[np.ndarray] = field(default_factory=list)  # flat params (+ float buffers) at those steps
     final_buffers: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # e.g. BatchNorm stats
+    stopped_at: int | None = None               # the steps done when the shared step stop fired (None: never)
 
 
 class Trainer:
@@ -283,12 +287,16 @@ class Trainer:
     from the reply. With `pipeline` (ASP only) the push's round trip overlaps the next step's
     forward/backward, which therefore runs on the parameters of the reply before (staleness >= 1),
     as ps-lite's asynchronous Push allows. With `snapshots`, keep a copy of the parameters every
-    eval_every steps (the launcher evaluates them off the clock)."""
+    eval_every steps (the launcher evaluates them off the clock). With `step_stop` (bsp: a switch's
+    sync phase), every push reports the step's loss and clock to shard 0, and the worker stops
+    after the step whose shared report (the mean over workers, the same in every reply) makes
+    step_stop(steps done, mean loss, clock) true: every worker at the same step."""
 
     def __init__(self, prep, kv: KVWorker, worker_id: int, start_step: int = 0, snapshots: bool = False,
                  fail_at_step: int | None = None, progress=None, halt_at_step: int | None = None,
-                 pipeline: bool = False):
+                 pipeline: bool = False, step_stop: Callable[[int, float, float], bool] | None = None):
         self.prep, self.kv, self.worker_id, self.pipeline = prep, kv, worker_id, pipeline
+        self.step_stop = step_stop
         self.start_step, self.snapshots, self.fail_at_step = start_step, snapshots, fail_at_step
         # progress(step, new_rows, halted): called every PROGRESS_EVERY_S with the rows made since
         # the last call, so a worker that dies has sent most of its rows; at halt_at_step (fault
@@ -342,9 +350,18 @@ class Trainer:
             else:
                 self.load(dict(zip(msg.keys, msg.arrays)))
 
-    def push(self, step: int, buffer: int, based_on: Sequence[int] | None = None) -> InFlight:
+    def push(self, step: int, buffer: int, based_on: Sequence[int] | None = None,
+             report: tuple[float, float] | None = None) -> InFlight:
         """Send the gradients in grad_flats[buffer] (each shard its slice) asking for the new weights."""
-        return self.kv.push_flat_start(self.grad_flats[buffer].numpy(), step, True, based_on)
+        return self.kv.push_flat_start(self.grad_flats[buffer].numpy(), step, True, based_on, report)
+
+    def stops_after(self, step: int, reply: PushReply) -> bool:
+        """step_stop on the step's shared report (shard 0's reply)."""
+        shared = reply.replies[0].extra
+        if "step_loss" not in shared:
+            raise protocol.PSError(f"worker {self.worker_id}: shard 0's reply to step {step} carries no step report; "
+                                   f"a shared step stop needs the shards to run bsp")
+        return bool(self.step_stop(step + 1, float(shared["step_loss"]), float(shared["step_clock_s"])))
 
     def exchange(self, flight: InFlight) -> PushReply:
         """Wait for a push's answers and load the weights they carry."""
@@ -367,7 +384,7 @@ class Trainer:
         budget = prep.budget_updates(prep.batch_size * (prep.spec.workers if bsp else 1))
         deadline = prep.budget_seconds()  # --budget seconds=T on the run's clock (t0: its zero, epoch s)
 
-        def finish(step: int, n_samples: int, loss: float, flight: InFlight, times: tuple[float, float]) -> None:
+        def finish(step: int, n_samples: int, loss: float, flight: InFlight, times: tuple[float, float]) -> PushReply:
             """Take step's reply: load the fresh parameters (update_s), record the row (and a
             snapshot). comm_s: the whole push+pull (a pipelined push: only the time blocked on its
             reply); the adapter splits off the wait for other workers under bsp/ssp."""
@@ -385,6 +402,7 @@ class Trainer:
                 out.snapshot_steps.append(step + 1)
                 out.snapshot_t.append(t)
                 out.snapshots.append(np.concatenate([self.flat, self.flat_buffers()]))
+            return reply
 
         in_flight: tuple[int, int, float, InFlight] | None = None  # pipeline: the push not yet answered
         sent, next_progress = 0, time.monotonic() + PROGRESS_EVERY_S
@@ -405,6 +423,11 @@ class Trainer:
                 if in_flight is not None:
                     finish(*in_flight)
                 in_flight = (step, len(y), loss, self.push(step, buffer, based_on), times)
+            elif self.step_stop is not None:
+                reply = finish(step, len(y), loss, self.push(step, buffer, report=(loss, time.time() - t0)), times)
+                if step + 1 < last and self.stops_after(step, reply):  # (at the last step the phase ends anyway)
+                    out.stopped_at = step + 1
+                    break
             else:
                 finish(step, len(y), loss, self.push(step, buffer), times)
             if budget is not None and min(kv.versions) >= budget:
@@ -438,6 +461,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retry-s", type=float, default=5.0, help="resend a request unanswered this long (default 5)")
     p.add_argument("--pipeline", action="store_true",
                    help="asp only: overlap each push's round trip with the next step's compute (staleness >= 1)")
+    p.add_argument("--stop-criterion", help=argparse.SUPPRESS)  # bsp: a switch's criterion on the shared step report
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
@@ -499,6 +523,11 @@ def _main(args: argparse.Namespace) -> int:
             worker_id = reg.register(secrets.token_hex(8))
         print(f"ps-worker: registered as worker {worker_id} of {spec.workers}", file=sys.stderr, flush=True)
     prep = prepare(spec)
+    step_stop = None
+    if args.stop_criterion:
+        from psbench.systems.switch.criteria import step_stop_for
+
+        step_stop = step_stop_for(args.stop_criterion, prep, spec.workers)
     model = prep.build_model()
     shapes = [tuple(p.shape) for p in model.parameters()]
     if args.init:  # the launcher's request, made as the admin (the job's token is ours too)
@@ -512,7 +541,7 @@ def _main(args: argparse.Namespace) -> int:
 
             with WorkerControl(args.control, worker_id, token) as ctl:
                 trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
-                                  ctl.progress, args.halt_at_step, args.pipeline)
+                                  ctl.progress, args.halt_at_step, args.pipeline, step_stop)
                 if init_buffers is not None:
                     trainer.load_buffers(init_buffers)
                 t0, start_step, go_buffers = ctl.wait_go()  # a phase before may set where to start
@@ -523,7 +552,7 @@ def _main(args: argparse.Namespace) -> int:
                 ctl.done(result)
         else:
             trainer = Trainer(prep, kv, worker_id, args.start_step, args.snapshots, args.fail_at_step,
-                              pipeline=args.pipeline)
+                              pipeline=args.pipeline, step_stop=step_stop)
             if init_buffers is not None:
                 trainer.load_buffers(init_buffers)
             t0 = time.time()

@@ -1,11 +1,14 @@
 """`switch`: Strategy-Switch (Provatas et al., IEEE Access 2025). Phase 1 trains synchronously
-(torch DDP allreduce, or PS BSP) until a criterion (systems/switch/criteria.py) fires on rank 0's
-training loss; phase 2 continues asynchronously on the PS (ASP or SSP:s, any mitigation) from
+(torch DDP allreduce, or PS BSP) until a criterion (systems/switch/criteria.py) fires: under DDP
+on rank 0's training loss (one small reduction a step shares the decision); under PS BSP on the
+step's mean training loss over the workers, which shard 0's reply gives every worker alike at the
+step's barrier (each evaluates the same rule on the same report, so all stop at one step); phase 2 continues asynchronously on the PS (ASP or SSP:s, any mitigation) from
 phase 1's weights, SGD momentum buffers and BatchNorm statistics, with the same workers, shards
 and batch stream, for the rest of the step budget. One run, one clock, one set of records.
 
-Hand-over: the DDP ranks stop together after the step where the criterion fired; rank 0's state
-goes through the job directory (raw .npy) into the PS shards (`init`), whose state is read back
+Hand-over: the sync workers stop together after the step where the criterion fired; the state
+(DDP: rank 0's, through the job directory as raw .npy; PS BSP: the shards') goes into phase 2's
+PS shards (`init`), whose state is read back
 and compared bit for bit before the PS workers start (manifest: extra.switch.handover_exact).
 Phase 2's processes (shards, workers with their data) are started before phase 1 and wait: a
 warm standby, as a hybrid system keeps both runtimes up, so their start-up is launch cost. The
@@ -33,7 +36,7 @@ from psbench.systems.base import option
 from psbench.systems.common import Prepared, configure_threads, prepare
 from psbench.systems.ps.adapter import PSOptions, PSPhase, PSSystem, check_timer_model, ps_processes, run_ps_phase
 from psbench.systems.ps.policies import parse_consistency
-from psbench.systems.switch.criteria import FixedPoint, Observation, describe, parse_criterion
+from psbench.systems.switch.criteria import describe, parse_criterion
 from psbench.core.errors import ConfigError
 
 SYNC_CHOICES = ("ddp", "ps-bsp")
@@ -48,7 +51,8 @@ class SwitchOptions:
     criterion: str = option("plateau:window=20,threshold=0.01",
                             "when to switch: fixed:epoch=E | fixed:fraction=F | plateau:window=W,threshold=T | "
                             "variance:window=W,threshold=T (on rank 0's training loss, every step)")
-    sync: str = option("ddp", "phase 1: ddp (torch DDP allreduce) | ps-bsp (PS BSP; fixed criteria only)")
+    sync: str = option("ddp", "phase 1: ddp (torch DDP allreduce; the criterion on rank 0's loss) | ps-bsp (PS "
+                              "BSP; the criterion on the step's mean loss over workers, shared at the barrier)")
     async_consistency: str = option("asp", "phase 2: asp | ssp:S")
     mitigation: str = option("none", "phase 2 staleness mitigation: none | staleness-lr | dc-asgd:LAMBDA | gap-aware")
     servers: int = option(1, "PS server shards")
@@ -68,9 +72,6 @@ class SwitchOptions:
         kind, _ = parse_consistency(self.async_consistency)
         if kind == "bsp":
             raise ConfigError("option async_consistency must be asynchronous: asp or ssp:S, got 'bsp'")
-        if self.sync == "ps-bsp" and not isinstance(parse_criterion(self.criterion), FixedPoint):
-            raise ConfigError(f"option sync=ps-bsp takes a fixed:... criterion only (PS workers do not share a "
-                              f"per-step stop decision), got '{self.criterion}'; use sync=ddp for plateau/variance")
         if self.timeout_s <= 0:
             raise ConfigError(f"option timeout_s must be > 0, got {self.timeout_s}")
         self.ps_options("bsp")  # validates servers, mitigation, lr_scaling, step_timeout_s
@@ -93,15 +94,6 @@ class Phase1:
     epoch_end: float            # the same moment in epoch seconds: the hand-over is timed from it
 
 
-def _fixed_switch_step(criterion: FixedPoint, prep: Prepared, budget: int) -> int:
-    """The step after which a fixed criterion fires (same rule as online), or the whole budget."""
-    per_epoch = prep.steps_per_epoch(0)
-    for done in range(1, budget + 1):
-        if criterion.should_switch(Observation(done, per_epoch, budget, 0.0)):
-            return done
-    return budget
-
-
 def _phase1_ddp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder: Recorder, budget: int) -> Phase1:
     from psbench.systems.ddp.adapter import DDPOptions, DDPSystem
 
@@ -121,11 +113,13 @@ def _phase1_ddp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder:
 
 
 def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, recorder: Recorder, budget: int) -> Phase1:
-    steps = _fixed_switch_step(parse_criterion(options.criterion), prep, budget)
-    # The sync phase is the same run cut at the switch step: its workers see max_steps = that step.
-    prep1 = dataclasses.replace(prep, spec=dataclasses.replace(spec, max_steps=steps))
-    result = run_ps_phase(prep1, options.ps_options("bsp", mitigation="none"), recorder)
-    return Phase1(min(result.steps.values()), steps < budget, result.params, result.momentum, result.buffers,
+    # Every worker runs the common budget (as DDP's ranks) and stops where the shared criterion fires.
+    prep1 = dataclasses.replace(prep, spec=dataclasses.replace(spec, max_steps=budget))
+    result = run_ps_phase(prep1, options.ps_options("bsp", mitigation="none"), recorder,
+                          stop_criterion=options.criterion)
+    if not result.stopped:  # the run ends with phase 1: its clock stops here, not after the standby's exit
+        recorder.stop_clock()
+    return Phase1(min(result.steps.values()), result.stopped, result.params, result.momentum, result.buffers,
                   recorder.now(), time.time())
 
 
@@ -144,9 +138,6 @@ class SwitchSystem:
     @staticmethod
     def check_spec(spec: RunSpec, options: SwitchOptions, workload: Any, device: Any, stragglers: Any) -> None:
         check_timer_model(spec, workload)
-        if spec.budget is not None and options.sync != "ddp":
-            raise ConfigError(f"--budget {spec.budget}: a switch with sync={options.sync} cuts its sync phase at a "
-                              f"step; give --max-steps or --epochs, or sync=ddp")
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -166,10 +157,9 @@ class SwitchSystem:
         recorder.extra["switch"] = info
         with contextlib.ExitStack() as stack:
             # Phase 2's processes start first and wait (a warm standby, launch cost): the hand-over
-            # then moves the state only. (After a ps-bsp phase 1 they start at the switch instead.)
-            standby = (stack.enter_context(PSPhase(prep, options.ps_options(options.async_consistency)))
-                       if options.sync == "ddp" else None)
-            info["phase2_started"] = "before phase 1 (standby)" if standby is not None else "at the switch"
+            # then moves the state only, after either sync phase.
+            standby = stack.enter_context(PSPhase(prep, options.ps_options(options.async_consistency)))
+            info["phase2_started"] = "before phase 1 (standby)"
             phase1 = (_phase1_ddp if options.sync == "ddp" else _phase1_ps_bsp)(spec, prep, options, recorder, budget)
             info.update(fired=phase1.fired, switch_step=phase1.steps if phase1.fired else None,
                         switch_t_wall=phase1.t_end if phase1.fired else None, phase1_steps=phase1.steps)
@@ -195,8 +185,7 @@ class SwitchSystem:
             state = dict(init_params=phase1.weights, init_momentum=phase1.momentum, start_step=phase1.steps,
                          init_buffers=phase1.buffers, before_go=before_go, start_t_wall=phase1.t_end,
                          evaluate_start=spec.eval_every_s is None)
-            result = (standby.run(recorder, **state) if standby is not None else
-                      run_ps_phase(prep, options.ps_options(options.async_consistency), recorder, **state))
+            result = standby.run(recorder, **state)
         recorder.stop_clock()
         info.update(handover_exact=handover.get("exact"), handover_s=handover.get("s"), handover_on_clock=True,
                     phase2_steps={str(w): n - phase1.steps for w, n in result.steps.items()})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -127,6 +127,21 @@ def parse_criterion(text: str):
     except TypeError:
         allowed = [f for f in _KINDS[kind].__dataclass_fields__ if f != "kind"]
         raise ConfigError(f"switch criterion '{text}': parameters allowed: {', '.join(allowed)}") from None
+
+
+def step_stop_for(text: str, prep, world: int) -> Callable[[int, float, float], bool]:
+    """The criterion `text` as a per-step stop: (steps done, training loss, training clock) -> switch
+    now? One rule for both sync phases: DDP's rank 0 calls it on its loss; each PS BSP worker on the
+    step's shared report (the mean loss over workers, the same in every reply), so all agree."""
+    from psbench.systems.allreduce_common import common_steps
+
+    criterion = parse_criterion(text)
+    per_epoch, total, budget_s = prep.steps_per_epoch(0), common_steps(prep, world), prep.budget_seconds()
+
+    def step_stop(done: int, loss: float, elapsed_s: float) -> bool:
+        return bool(criterion.should_switch(Observation(done, per_epoch, total, loss, elapsed_s, budget_s)))
+
+    return step_stop
 
 
 def describe(criterion) -> dict[str, Any]:

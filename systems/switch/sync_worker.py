@@ -6,22 +6,9 @@ in the job directory for the asynchronous phase.
 """
 from __future__ import annotations
 
-from psbench.systems.allreduce_common import StepStopFn, exit_now, worker_main
-from psbench.systems.common import Prepared
+from psbench.systems.allreduce_common import exit_now, worker_main
 from psbench.systems.ddp.worker import build_parser, comm_factory
-from psbench.systems.switch.criteria import Observation, parse_criterion
-
-
-def step_stop_for(text: str, prep: Prepared, world: int) -> StepStopFn:
-    from psbench.systems.allreduce_common import common_steps
-
-    criterion = parse_criterion(text)
-    per_epoch, total, budget_s = prep.steps_per_epoch(0), common_steps(prep, world), prep.budget_seconds()
-
-    def step_stop(done: int, loss: float, elapsed_s: float) -> bool:
-        return bool(criterion.should_switch(Observation(done, per_epoch, total, loss, elapsed_s, budget_s)))
-
-    return step_stop
+from psbench.systems.switch.criteria import step_stop_for
 
 
 def main(argv: list[str] | None = None) -> int:
