@@ -3,6 +3,8 @@ hand and from cluster files; the cluster file format on 127.0.0.1; ssh command b
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -291,9 +293,9 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
     cf = cluster.load(path)
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
-    assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
+    assert argv[:7] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", "bench@10.1.0.2"]
     # the token is read from the session's stdin, never part of the command (ps shows it on both ends)
-    assert argv[6].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
+    assert argv[7].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
                               ": || exit 1; exec .venv/bin/python -m psbench ps-worker --servers 10.1.0.1:29500 "
                               "--worker-id 0")
     assert not any("t0k" in a for a in argv) and cluster.ssh_stdin(roles[1].env) == b"t0k\n"
@@ -302,9 +304,114 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
 
     assert main(["run", "--cluster", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.count("ssh -o BatchMode=yes") == 3 and "bench@10.1.0.1" in out
+    assert out.count("ssh -o BatchMode=yes -o ConnectTimeout=10 -- bench@") == 3 and "bench@10.1.0.1" in out
     with pytest.raises(ConfigError, match="needs an address for every host"):
         parse('[[hosts]]\nroles = ["ps-server", "worker"]\n', launcher="ssh")
+
+
+# ---- no host address becomes an option of ssh or scp ----------------------------------------------
+
+INJECTED = "-oProxyCommand=touch pwned"
+SSH_HOSTS = """
+    launcher = "ssh"
+    [run]
+    system = "ps"
+    workload = "mlp-digits"
+    [[hosts]]
+    name = "ps"
+    address = "10.1.0.1"
+    roles = ["ps-server"]
+    [[hosts]]
+    name = "w"
+    address = "{address}"
+    roles = ["worker"]
+"""
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_address_that_is_an_ssh_option_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys, dry_run):
+    """ssh would read the address as an option and run the proxy command here: refused where the
+    file is read, with one line naming the file, the host and what is allowed, before anything runs."""
+    from psbench.bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, SSH_HOSTS.format(address=INJECTED))
+    rc = main(["run", "--cluster", str(path), "--results-dir", str(tmp_path / "results"), *(["--dry-run"] * dry_run)])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == "" and INJECTED not in captured.out
+    (line,) = captured.err.strip().splitlines()
+    assert line == (f"psbench: error: {path}: hosts[1] (w) address '{INJECTED}' is not a host address; allowed: "
+                    "a hostname (RFC 1123: labels of letters, digits and '-', none starting or ending with '-', "
+                    "joined by '.') or an IP address")
+    assert not list(tmp_path.rglob("pwned*")) and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("address, ok", [
+    ("10.0.0.1", True), ("fd00::1", True), ("node-1.example.org", True), ("h1", True), ("h1.", True),
+    (INJECTED, False), ("-h1", False), ("h1-", False), ("a..b", False), ("a b", False), ("h1;id", False),
+    ("h1:22", False), ("x" * 64, False), ("", False), ("$(id)", False), ("user@h1", False),
+])
+def test_host_addresses_are_hostnames_or_ip_literals(address: str, ok: bool):
+    text = SSH_HOSTS.format(address=address)
+    if ok:
+        assert cluster.parse(tomllib_loads(text)).hosts[1].address == address
+    else:
+        with pytest.raises(ConfigError, match=r"hosts\[1\] \(w\) address .* is not a host address; allowed: "):
+            cluster.parse(tomllib_loads(text))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ssh.user", INJECTED, r"\[ssh\] user '-oProxyCommand=touch pwned'; allowed: letters, digits"),
+    ("hosts.name", "../../etc", r"hosts\[1\] name '../../etc'; allowed: letters, digits"),
+    ("hosts.name", "-w", r"hosts\[1\] name '-w'; allowed: letters, digits"),
+])
+def test_ssh_user_and_host_names_are_plain_names(key: str, value: str, message: str):
+    raw = tomllib_loads(SSH_HOSTS.format(address="10.1.0.2"))
+    if key == "ssh.user":
+        raw["ssh"] = {"user": value}
+    else:
+        raw["hosts"][1]["name"] = value
+    with pytest.raises(ConfigError, match=message):
+        cluster.parse(raw)
+
+
+def tomllib_loads(text: str) -> dict:
+    import tomllib
+
+    return tomllib.loads(textwrap.dedent(text))
+
+
+def test_every_ssh_and_scp_ends_its_options_before_the_destination(tmp_path: Path, monkeypatch):
+    """Defence in depth: "--" before each destination (role commands, the hosts' folders, the copy
+    back), so an address that got past the check would still be a host name to ssh."""
+    cf = cluster.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2") + '[ssh]\nuser = "bench"\n'))
+    role = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], "python", ".s", "tok")[1]
+    assert cluster.ssh_argv(cf, role, guard=True)[5:7] == ["--", "bench@10.1.0.2"]
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cluster.subprocess, "run",
+                        lambda argv, **kw: seen.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
+    hosts = cluster.SshHosts(cf, "job")
+    with hosts:
+        hosts.fetch(role, tmp_path)
+    mkdirs, fetch, removes = seen[:2], seen[2], seen[3:]
+    assert [a[5:7] for a in mkdirs + removes] == [["--", "bench@10.1.0.1"], ["--", "bench@10.1.0.2"]] * 2
+    assert fetch[0] == "scp" and fetch[-3:] == ["--", f"bench@10.1.0.2:{cf.ssh.workdir}/{role.out}", str(tmp_path / "w")]
+    assert cf.ssh.copy_back("fd00::2", "/x", "d")[-2] == "bench@[fd00::2]:/x"   # IPv6: scp's brackets
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None or shutil.which("scp") is None, reason="no ssh client here")
+def test_the_ssh_client_takes_an_option_after_dashdash_as_a_host(tmp_path: Path):
+    """The real OpenSSH client with our argv, the check bypassed: after "--" the injected address is
+    a (bad) host name, so its proxy command never runs; `ssh -G` shows "--" ends the options."""
+    cf = cluster.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2")))
+    env = {**os.environ, "HOME": str(tmp_path)}   # no ~/.ssh of this machine's user is read
+    for argv in (cf.ssh.command(INJECTED, "true"), cf.ssh.copy_back(INJECTED, "/x", str(tmp_path / "in"))):
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0 and not list(tmp_path.rglob("pwned*")), (argv, proc.stderr)
+    shown = subprocess.run(["ssh", "-G", *cf.ssh.command("10.1.0.2", "cd /x && true")[1:]], env=env,
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert shown.returncode == 0 and "hostname 10.1.0.2" in shown.stdout.splitlines(), shown.stderr
 
 
 # ---- the bandwidth experiment (quick variant) ----------------------------------------------------

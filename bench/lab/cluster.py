@@ -49,6 +49,7 @@ import argparse
 import json
 import math
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -63,6 +64,7 @@ from typing import Any, Sequence
 
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
+from psbench.core.hosts import HOST_RULE, is_host_address, is_ip
 from psbench.core.supervisor import Supervisor, stop_tree, tail
 
 LAUNCHERS = ("local", "netns", "ssh")
@@ -70,6 +72,10 @@ SYSTEM_ROLES = {"ps": ("ps-server", "worker"), "ddp": ("worker",)}
 TOP_KEYS = {"launcher", "suite", "port", "timeout_s", "run", "hosts", "ssh", "description"}
 HOST_KEYS = {"name", "address", "roles", "cap_mbit"}
 DDP_RESERVED = {"master_addr", "master_port", "nnodes", "node_rank"}
+# a host's name (its folders, here and on the host) and the ssh user: never '-' first (an option of
+# ssh) nor '.' (a folder of its own: '..'), no '/'
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+PLAIN_RULE = "letters, digits, '_', '.' and '-', not '.' or '-' first"
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,22 @@ class SshSettings:
     config: str | None = None   # ssh -F FILE (identity, known_hosts, port); default: the user's own
 
     def ssh(self) -> list[str]:
-        """ssh's argv up to the target; scp takes the same options."""
+        """ssh and its options; scp takes the same options."""
         opts = ["-F", os.path.expanduser(self.config)] if self.config else []
         return ["ssh", *opts, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 
     def target(self, address: str) -> str:
         return f"{self.user}@{address}" if self.user else address
+
+    def command(self, address: str, remote: str) -> list[str]:
+        """ssh running `remote` (one shell command line) at `address`. "--" ends ssh's options, so
+        no destination is ever read as one (the file's addresses are checked as well)."""
+        return [*self.ssh(), "--", self.target(address), remote]
+
+    def copy_back(self, address: str, path: str, into: str) -> list[str]:
+        """scp of `path` (a file or a folder) at `address` into the local folder `into`."""
+        host = f"[{address}]" if is_ip(address) and ":" in address else address   # IPv6: [addr]:path
+        return ["scp", *self.ssh()[1:], "-q", "-r", "--", f"{self.target(host)}:{path}", into]
 
 
 @dataclass(frozen=True)
@@ -147,8 +163,14 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
             raise ConfigError(f"{source}: hosts[{k}] cap_mbit must be a number > 0, got {cap!r}")
         if cap is not None and launcher != "netns":
             raise ConfigError(f"{source}: hosts[{k}] cap_mbit needs launcher = \"netns\" (it sets tc on the lab's links)")
-        hosts.append(Host(str(h.get("name") or f"h{k}"), tuple(roles), h.get("address"),
-                          float(cap) if cap is not None else None))
+        name = h.get("name") or f"h{k}"
+        if not (isinstance(name, str) and PLAIN_NAME.match(name)):
+            raise ConfigError(f"{source}: hosts[{k}] name {name!r}; allowed: {PLAIN_RULE}")
+        address = h.get("address")
+        if address is not None and not is_host_address(address):
+            raise ConfigError(f"{source}: hosts[{k}] ({name}) address {address!r} is not a host address; "
+                              f"allowed: {HOST_RULE}")
+        hosts.append(Host(name, tuple(roles), address, float(cap) if cap is not None else None))
     if not hosts:
         raise ConfigError(f"{source}: give at least one [[hosts]] entry")
     if len({h.name for h in hosts}) != len(hosts):
@@ -198,6 +220,9 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
     if bad_ssh:
         raise ConfigError(f"{source}: [ssh] unknown key(s) {', '.join(bad_ssh)}; allowed: "
                           f"{', '.join(f.name for f in fields(SshSettings))}")
+    user = ssh_raw.get("user")
+    if user is not None and not (isinstance(user, str) and PLAIN_NAME.match(user)):
+        raise ConfigError(f"{source}: [ssh] user {user!r}; allowed: {PLAIN_RULE}")
     ssh = SshSettings(**ssh_raw) if launcher == "ssh" else SshSettings()
     return ClusterFile(launcher, spec, tuple(hosts), str(raw.get("suite", "cluster")), port, float(timeout), ssh, source)
 
@@ -323,7 +348,7 @@ def ssh_argv(cf: ClusterFile, role: PlannedRole, guard: bool = False) -> list[st
                   "wait $pid")
     else:
         remote = prologue + "exec " + run
-    return [*cf.ssh.ssh(), cf.ssh.target(str(host.address)), remote]
+    return cf.ssh.command(str(host.address), remote)
 
 
 def ssh_stdin(env: dict[str, str]) -> bytes:
@@ -400,8 +425,7 @@ class SshHosts:
                 pass  # the run's own error (if any) is the one to report
 
     def _ssh(self, host: int, command: str, timeout: float = 60) -> None:
-        s = self.cf.ssh
-        argv = [*s.ssh(), s.target(self.addr(host)), f"cd {shlex.quote(s.workdir)} && {command}"]
+        argv = self.cf.ssh.command(self.addr(host), f"cd {shlex.quote(self.cf.ssh.workdir)} && {command}")
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise RoleFailed(f"ssh to {self.cf.hosts[host].name} ({self.addr(host)}) failed "
@@ -431,7 +455,7 @@ class SshHosts:
         dest = local / self.cf.hosts[role.host].name
         dest.mkdir(parents=True, exist_ok=True)
         remote = role.out if os.path.isabs(role.out) else f"{s.workdir.rstrip('/')}/{role.out}"
-        scp = ["scp", *s.ssh()[1:], "-q", "-r", f"{s.target(self.addr(role.host))}:{remote}", str(dest)]
+        scp = s.copy_back(self.addr(role.host), remote, str(dest))
         proc = subprocess.run(scp, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             raise RoleFailed(f"{role.name}: copying {remote} back from {self.cf.hosts[role.host].name} failed: "
