@@ -140,8 +140,13 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
         roles = ["worker"]
     """)
     before = set(netlab.list_namespaces())
-    with pytest.raises(cluster.RoleFailed, match="node"):
+    with pytest.raises(RuntimeError, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
+                                           r"step 3 \(PSBENCH_INJECT_FAULT\) \(log: \S*/cluster/failed/[^/]*\.log\)$") as failed:
         cluster.run_file(cluster.load(path), results_dir)
+    kept = Path(failed.value.args[0].rpartition("(log: ")[2][:-1]).read_text()
+    # node1's log, then the traceback chain its own `psbench run` kept (in a folder removed since)
+    assert "--- node1 on h1 (exit code 1), its log:" in kept and "\n--- ddp-mlp-digits-w3-s0-" in kept
+    assert kept.count("Traceback (most recent call last)") >= 2
     assert set(netlab.list_namespaces()) <= before  # nothing of this lab is left (another lab may end meanwhile)
     assert not (results_dir / "cluster").exists() or not any((results_dir / "cluster").glob("*/manifest.json"))
 
@@ -180,6 +185,80 @@ def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
     assert len(manifest["extra"]["ps"]["shards"]) == 1
     # resume: a second call finds the run complete and runs nothing
     assert cluster.run_file(cluster.load(path), results_dir) is None
+
+
+def test_a_role_that_fails_on_a_cluster_host_is_one_line_and_its_log_is_kept(tmp_path: Path, results_dir: Path,
+                                                                              monkeypatch, capsys):
+    """`psbench: run failed: <host> <role>: <first cause>`, as a local run's failure, with the role's
+    whole log under the suite's failed/ folder, and no run folder."""
+    from psbench.bench.cli import main
+
+    real = cluster._plan_roles
+
+    def worker1_fails(*args, **kwargs):
+        roles = real(*args, **kwargs)
+        next(r for r in roles if r.name == "worker0").argv += ["--fail-at-step", "1"]
+        return roles
+
+    monkeypatch.setattr(cluster, "_plan_roles", worker1_fails)
+    path = write(tmp_path, f"""
+        launcher = "local"
+        suite = "c"
+        port = {free_port()}
+        [run]
+        system = "ps"
+        workload = "mlp-digits"
+        max_steps = 20
+        [[hosts]]
+        name = "a"
+        roles = ["ps-server"]
+        [[hosts]]
+        name = "b"
+        roles = ["worker"]
+    """)
+    assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir), "--no-progress"]) == 1
+    (log,) = (results_dir / "c" / "failed").glob("*.log")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"psbench: run failed: b worker0: injected failure in worker 0 at step 1 (log: {log})"
+    text = log.read_text()   # the role's own log, whole, after the one line
+    assert "--- worker0 on b (exit code 1), its log:\npsbench: run failed: injected failure in worker 0 at step 1" in text
+    assert [p.name for p in (results_dir / "c").iterdir()] == ["failed"]
+
+
+class _Exited:
+    """A role's process as _wait polls it: running (None) or exited with a code."""
+
+    def __init__(self, code: int | None):
+        self.returncode = code
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_the_role_that_broke_a_collective_is_the_first_cause_not_its_peers(tmp_path: Path, monkeypatch):
+    """node0 lost its peer and its log ended first; node1 raised the error that broke the collective:
+    node1 is named. With only a peer's loss seen while another role runs, _wait waits for it a while."""
+    import os
+    import time
+
+    cf = parse('[run.options]\ninsecure = true\n[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker"]\n',
+               system="ddp")
+    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2"], "python", str(tmp_path))
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    logs[0].write_text("psbench: run failed: ddp worker rank 0 failed: RuntimeError: [gloo/pair.cc:537] Read error "
+                       "[198.18.0.2]:5032: Connection reset by peer\n")
+    logs[1].write_text("psbench: run failed: ddp worker rank 1 failed: RuntimeError: injected fault at step 3\n")
+    os.utime(logs[0], (1.0, 1.0))
+    deadline = time.monotonic() + 60
+    with pytest.raises(cluster.RoleFailed, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
+                                                 r"step 3\n--- node1 on h1 \(exit code 1\)") as both:
+        cluster._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(1), logs[1])], [], deadline)
+    assert "--- node0 on h0 (exit code 1), its log:" in str(both.value)
+    monkeypatch.setattr(cluster, "PEERS_FAIL_S", 0.3)
+    t0 = time.monotonic()
+    with pytest.raises(cluster.RoleFailed, match=r"^h0 node0: ddp worker rank 0 failed: .*Connection reset by peer"):
+        cluster._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(None), logs[1])], [], deadline)
+    assert time.monotonic() - t0 >= 0.3
 
 
 # ---- the file format and the commands it builds (no processes) ----------------------------------
@@ -271,25 +350,32 @@ def test_ddp_options_that_come_from_the_hosts_are_refused():
         parse('[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker", "worker"]\n', system="ddp")
 
 
+INJECTED = "-oProxyCommand=touch pwned"
+SSH_HOSTS = """
+    launcher = "ssh"
+    [run]
+    system = "ps"
+    workload = "mlp-digits"
+    [[hosts]]
+    name = "ps"
+    address = "10.1.0.1"
+    roles = ["ps-server"]
+    [[hosts]]
+    name = "w"
+    address = "{address}"
+    roles = ["worker"]
+"""
+
+
+def tomllib_loads(text: str) -> dict:
+    import tomllib
+
+    return tomllib.loads(textwrap.dedent(text))
+
+
 def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
-    path = write(tmp_path, """
-        launcher = "ssh"
-        [run]
-        system = "ps"
-        workload = "mlp-digits"
-        [ssh]
-        user = "bench"
-        workdir = "/opt/psbench dir"
-        python = ".venv/bin/python"
-        [[hosts]]
-        name = "ps"
-        address = "10.1.0.1"
-        roles = ["ps-server"]
-        [[hosts]]
-        name = "w"
-        address = "10.1.0.2"
-        roles = ["worker"]
-    """)
+    path = write(tmp_path, SSH_HOSTS.format(address="10.1.0.2") +
+                 '[ssh]\nuser = "bench"\nworkdir = "/opt/psbench dir"\npython = ".venv/bin/python"\n')
     cf = cluster.load(path)
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
@@ -310,23 +396,6 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
 
 
 # ---- no host address becomes an option of ssh or scp ----------------------------------------------
-
-INJECTED = "-oProxyCommand=touch pwned"
-SSH_HOSTS = """
-    launcher = "ssh"
-    [run]
-    system = "ps"
-    workload = "mlp-digits"
-    [[hosts]]
-    name = "ps"
-    address = "10.1.0.1"
-    roles = ["ps-server"]
-    [[hosts]]
-    name = "w"
-    address = "{address}"
-    roles = ["worker"]
-"""
-
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_an_address_that_is_an_ssh_option_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys, dry_run):
@@ -373,12 +442,6 @@ def test_ssh_user_and_host_names_are_plain_names(key: str, value: str, message: 
         raw["hosts"][1]["name"] = value
     with pytest.raises(ConfigError, match=message):
         cluster.parse(raw)
-
-
-def tomllib_loads(text: str) -> dict:
-    import tomllib
-
-    return tomllib.loads(textwrap.dedent(text))
 
 
 def test_every_ssh_and_scp_ends_its_options_before_the_destination(tmp_path: Path, monkeypatch):
