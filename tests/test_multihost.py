@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,25 +152,30 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
     assert not (results_dir / "cluster").exists() or not any((results_dir / "cluster").glob("*/manifest.json"))
 
 
-def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
-    """launcher = "local": the same role commands on 127.0.0.1; records merge into one run."""
-    path = write(tmp_path, f"""
+def loopback_ps_file(tmp_path: Path, suite: str, max_steps: int, roles_of_a: list[str], options: str = "") -> Path:
+    """A PS cluster file on 127.0.0.1: host a with `roles_of_a`, host b with one worker."""
+    return write(tmp_path, f"""
         launcher = "local"
-        suite = "local"
+        suite = "{suite}"
         port = {free_port()}
         [run]
         system = "ps"
         workload = "mlp-digits"
-        max_steps = 40
+        max_steps = {max_steps}
         [run.options]
-        consistency = "bsp"
+        {options}
         [[hosts]]
         name = "a"
-        roles = ["ps-server", "worker"]
+        roles = {json.dumps(roles_of_a)}
         [[hosts]]
         name = "b"
         roles = ["worker"]
     """)
+
+
+def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
+    """launcher = "local": the same role commands on 127.0.0.1; records merge into one run."""
+    path = loopback_ps_file(tmp_path, "local", 40, ["ps-server", "worker"], 'consistency = "bsp"')
     from psbench.bench.cli import main
 
     assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir)]) == 0
@@ -195,27 +201,13 @@ def test_a_role_that_fails_on_a_cluster_host_is_one_line_and_its_log_is_kept(tmp
 
     real = cluster._plan_roles
 
-    def worker1_fails(*args, **kwargs):
+    def worker0_fails(*args, **kwargs):
         roles = real(*args, **kwargs)
         next(r for r in roles if r.name == "worker0").argv += ["--fail-at-step", "1"]
         return roles
 
-    monkeypatch.setattr(cluster, "_plan_roles", worker1_fails)
-    path = write(tmp_path, f"""
-        launcher = "local"
-        suite = "c"
-        port = {free_port()}
-        [run]
-        system = "ps"
-        workload = "mlp-digits"
-        max_steps = 20
-        [[hosts]]
-        name = "a"
-        roles = ["ps-server"]
-        [[hosts]]
-        name = "b"
-        roles = ["worker"]
-    """)
+    monkeypatch.setattr(cluster, "_plan_roles", worker0_fails)
+    path = loopback_ps_file(tmp_path, "c", 20, ["ps-server"])
     assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir), "--no-progress"]) == 1
     (log,) = (results_dir / "c" / "failed").glob("*.log")
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -223,6 +215,23 @@ def test_a_role_that_fails_on_a_cluster_host_is_one_line_and_its_log_is_kept(tmp
     text = log.read_text()   # the role's own log, whole, after the one line
     assert "--- worker0 on b (exit code 1), its log:\npsbench: run failed: injected failure in worker 0 at step 1" in text
     assert [p.name for p in (results_dir / "c").iterdir()] == ["failed"]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client here")
+def test_an_ssh_host_that_cannot_be_reached_is_one_line_and_its_log_is_kept(tmp_path: Path, results_dir: Path, capsys):
+    """Nothing listens on the host's ssh port: `<host>: ssh to <address> failed: <ssh's own error>`."""
+    from psbench.bench.cli import main
+
+    config = tmp_path / "ssh_config"   # a port nothing listens on, and no file of this machine's user read
+    config.write_text(f"Host *\n  Port {free_port()}\n  UserKnownHostsFile /dev/null\n  GlobalKnownHostsFile /dev/null\n")
+    path = write(tmp_path, SSH_HOSTS.format(address="127.0.0.1").replace('"10.1.0.1"', '"127.0.0.1"') +
+                 f'[ssh]\nconfig = "{config}"\n')
+    assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir), "--no-progress"]) == 1
+    (log,) = (results_dir / "cluster" / "failed").glob("*.log")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(rf"psbench: run failed: ps: ssh to 127\.0\.0\.1 failed: ssh: connect to host 127\.0\.0\.1 "
+                        rf"port \d+: Connection refused \(log: {re.escape(str(log))}\)", line), line
+    assert [p.name for p in (results_dir / "cluster").iterdir()] == ["failed"]
 
 
 class _Exited:
