@@ -208,3 +208,18 @@ def test_a_failed_run_is_one_line_naming_its_log_which_holds_the_whole_trace(res
     cli.main(["run", "--system", "single", "--workload", "logreg-digits", "--max-steps", "5",
               "--results-dir", str(results_dir), "--suite", "suite", "--no-progress"])
     assert len(load_suite(results_dir / "suite").runs) == 1
+
+
+def test_a_failed_run_whose_log_meets_a_full_disk_is_still_one_line_with_its_cause(results_dir: Path,
+                                                                                   monkeypatch) -> None:
+    from psbench.bench.harness import runner
+
+    def full(path, text):
+        raise runner.DiskFull(path, "No space left on device")
+
+    monkeypatch.setattr(runner, "atomic_write_text", full)
+    spec = RunSpec("single", "logreg-digits", max_steps=4)
+    with pytest.raises(RuntimeError) as caught:
+        runner.run_one(runner.PlannedRun(spec, _FailingSystem, None), results_dir, "suite")
+    assert str(caught.value) == ("fake: the job failed: the deep cause (its log could not be kept: "
+                                 "No space left on device)")

@@ -70,6 +70,7 @@ def test_not_installed_is_a_clear_config_error(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("raw, message", [
     ({"hosts": "localhost:x"}, "is not HOST or HOST:SLOTS"),
     ({"hosts": ":2"}, "is not HOST or HOST:SLOTS"),
+    ({"hosts": "h1:1,-oProxyCommand=touch pwned:1"}, "'-oProxyCommand=touch pwned' is not a host address; allowed: a hostname"),
     ({"timeout_s": "-1"}, "timeout_s must be > 0"),
 ])
 def test_bad_options_are_config_errors(raw, message):

@@ -3,6 +3,9 @@ hand and from cluster files; the cluster file format on 127.0.0.1; ssh command b
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -138,31 +141,41 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
         roles = ["worker"]
     """)
     before = set(netlab.list_namespaces())
-    with pytest.raises(cluster.RoleFailed, match="node"):
+    with pytest.raises(RuntimeError, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
+                                           r"step 3 \(PSBENCH_INJECT_FAULT\) \(log: \S*/cluster/failed/[^/]*\.log\)$") as failed:
         cluster.run_file(cluster.load(path), results_dir)
+    kept = Path(failed.value.args[0].rpartition("(log: ")[2][:-1]).read_text()
+    # node1's log, then the traceback chain its own `psbench run` kept (in a folder removed since)
+    assert "--- node1 on h1 (exit code 1), its log:" in kept and "\n--- ddp-mlp-digits-w3-s0-" in kept
+    assert kept.count("Traceback (most recent call last)") >= 2
     assert set(netlab.list_namespaces()) <= before  # nothing of this lab is left (another lab may end meanwhile)
     assert not (results_dir / "cluster").exists() or not any((results_dir / "cluster").glob("*/manifest.json"))
 
 
-def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
-    """launcher = "local": the same role commands on 127.0.0.1; records merge into one run."""
-    path = write(tmp_path, f"""
+def loopback_ps_file(tmp_path: Path, suite: str, max_steps: int, roles_of_a: list[str], options: str = "") -> Path:
+    """A PS cluster file on 127.0.0.1: host a with `roles_of_a`, host b with one worker."""
+    return write(tmp_path, f"""
         launcher = "local"
-        suite = "local"
+        suite = "{suite}"
         port = {free_port()}
         [run]
         system = "ps"
         workload = "mlp-digits"
-        max_steps = 40
+        max_steps = {max_steps}
         [run.options]
-        consistency = "bsp"
+        {options}
         [[hosts]]
         name = "a"
-        roles = ["ps-server", "worker"]
+        roles = {json.dumps(roles_of_a)}
         [[hosts]]
         name = "b"
         roles = ["worker"]
     """)
+
+
+def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
+    """launcher = "local": the same role commands on 127.0.0.1; records merge into one run."""
+    path = loopback_ps_file(tmp_path, "local", 40, ["ps-server", "worker"], 'consistency = "bsp"')
     from psbench.bench.cli import main
 
     assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir)]) == 0
@@ -178,6 +191,83 @@ def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
     assert len(manifest["extra"]["ps"]["shards"]) == 1
     # resume: a second call finds the run complete and runs nothing
     assert cluster.run_file(cluster.load(path), results_dir) is None
+
+
+def test_a_role_that_fails_on_a_cluster_host_is_one_line_and_its_log_is_kept(tmp_path: Path, results_dir: Path,
+                                                                              monkeypatch, capsys):
+    """`psbench: run failed: <host> <role>: <first cause>`, as a local run's failure, with the role's
+    whole log under the suite's failed/ folder, and no run folder."""
+    from psbench.bench.cli import main
+
+    real = cluster._plan_roles
+
+    def worker0_fails(*args, **kwargs):
+        roles = real(*args, **kwargs)
+        next(r for r in roles if r.name == "worker0").argv += ["--fail-at-step", "1"]
+        return roles
+
+    monkeypatch.setattr(cluster, "_plan_roles", worker0_fails)
+    path = loopback_ps_file(tmp_path, "c", 20, ["ps-server"])
+    assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir), "--no-progress"]) == 1
+    (log,) = (results_dir / "c" / "failed").glob("*.log")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"psbench: run failed: b worker0: injected failure in worker 0 at step 1 (log: {log})"
+    text = log.read_text()   # the role's own log, whole, after the one line
+    assert "--- worker0 on b (exit code 1), its log:\npsbench: run failed: injected failure in worker 0 at step 1" in text
+    assert [p.name for p in (results_dir / "c").iterdir()] == ["failed"]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client here")
+def test_an_ssh_host_that_cannot_be_reached_is_one_line_and_its_log_is_kept(tmp_path: Path, results_dir: Path, capsys):
+    """Nothing listens on the host's ssh port: `<host>: ssh to <address> failed: <ssh's own error>`."""
+    from psbench.bench.cli import main
+
+    config = tmp_path / "ssh_config"   # a port nothing listens on, and no file of this machine's user read
+    config.write_text(f"Host *\n  Port {free_port()}\n  UserKnownHostsFile /dev/null\n  GlobalKnownHostsFile /dev/null\n")
+    path = write(tmp_path, SSH_HOSTS.format(address="127.0.0.1").replace('"10.1.0.1"', '"127.0.0.1"') +
+                 f'[ssh]\nconfig = "{config}"\n')
+    assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir), "--no-progress"]) == 1
+    (log,) = (results_dir / "cluster" / "failed").glob("*.log")
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert re.fullmatch(rf"psbench: run failed: ps: ssh to 127\.0\.0\.1 failed: ssh: connect to host 127\.0\.0\.1 "
+                        rf"port \d+: Connection refused \(log: {re.escape(str(log))}\)", line), line
+    assert [p.name for p in (results_dir / "cluster").iterdir()] == ["failed"]
+
+
+class _Exited:
+    """A role's process as _wait polls it: running (None) or exited with a code."""
+
+    def __init__(self, code: int | None):
+        self.returncode = code
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_the_role_that_broke_a_collective_is_the_first_cause_not_its_peers(tmp_path: Path, monkeypatch):
+    """node0 lost its peer and its log ended first; node1 raised the error that broke the collective:
+    node1 is named. With only a peer's loss seen while another role runs, _wait waits for it a while."""
+    import os
+    import time
+
+    cf = parse('[run.options]\ninsecure = true\n[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker"]\n',
+               system="ddp")
+    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2"], "python", str(tmp_path))
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    logs[0].write_text("psbench: run failed: ddp worker rank 0 failed: RuntimeError: [gloo/pair.cc:537] Read error "
+                       "[198.18.0.2]:5032: Connection reset by peer\n")
+    logs[1].write_text("psbench: run failed: ddp worker rank 1 failed: RuntimeError: injected fault at step 3\n")
+    os.utime(logs[0], (1.0, 1.0))
+    deadline = time.monotonic() + 60
+    with pytest.raises(cluster.RoleFailed, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
+                                                 r"step 3\n--- node1 on h1 \(exit code 1\)") as both:
+        cluster._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(1), logs[1])], [], deadline)
+    assert "--- node0 on h0 (exit code 1), its log:" in str(both.value)
+    monkeypatch.setattr(cluster, "PEERS_FAIL_S", 0.3)
+    t0 = time.monotonic()
+    with pytest.raises(cluster.RoleFailed, match=r"^h0 node0: ddp worker rank 0 failed: .*Connection reset by peer"):
+        cluster._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(None), logs[1])], [], deadline)
+    assert time.monotonic() - t0 >= 0.3
 
 
 # ---- the file format and the commands it builds (no processes) ----------------------------------
@@ -269,31 +359,38 @@ def test_ddp_options_that_come_from_the_hosts_are_refused():
         parse('[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker", "worker"]\n', system="ddp")
 
 
+INJECTED = "-oProxyCommand=touch pwned"
+SSH_HOSTS = """
+    launcher = "ssh"
+    [run]
+    system = "ps"
+    workload = "mlp-digits"
+    [[hosts]]
+    name = "ps"
+    address = "10.1.0.1"
+    roles = ["ps-server"]
+    [[hosts]]
+    name = "w"
+    address = "{address}"
+    roles = ["worker"]
+"""
+
+
+def tomllib_loads(text: str) -> dict:
+    import tomllib
+
+    return tomllib.loads(textwrap.dedent(text))
+
+
 def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
-    path = write(tmp_path, """
-        launcher = "ssh"
-        [run]
-        system = "ps"
-        workload = "mlp-digits"
-        [ssh]
-        user = "bench"
-        workdir = "/opt/psbench dir"
-        python = ".venv/bin/python"
-        [[hosts]]
-        name = "ps"
-        address = "10.1.0.1"
-        roles = ["ps-server"]
-        [[hosts]]
-        name = "w"
-        address = "10.1.0.2"
-        roles = ["worker"]
-    """)
+    path = write(tmp_path, SSH_HOSTS.format(address="10.1.0.2") +
+                 '[ssh]\nuser = "bench"\nworkdir = "/opt/psbench dir"\npython = ".venv/bin/python"\n')
     cf = cluster.load(path)
     roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
     argv = cluster.ssh_argv(cf, roles[1])
-    assert argv[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "bench@10.1.0.2"]
+    assert argv[:7] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", "bench@10.1.0.2"]
     # the token is read from the session's stdin, never part of the command (ps shows it on both ends)
-    assert argv[6].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
+    assert argv[7].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
                               ": || exit 1; exec .venv/bin/python -m psbench ps-worker --servers 10.1.0.1:29500 "
                               "--worker-id 0")
     assert not any("t0k" in a for a in argv) and cluster.ssh_stdin(roles[1].env) == b"t0k\n"
@@ -302,9 +399,91 @@ def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
 
     assert main(["run", "--cluster", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.count("ssh -o BatchMode=yes") == 3 and "bench@10.1.0.1" in out
+    assert out.count("ssh -o BatchMode=yes -o ConnectTimeout=10 -- bench@") == 3 and "bench@10.1.0.1" in out
     with pytest.raises(ConfigError, match="needs an address for every host"):
         parse('[[hosts]]\nroles = ["ps-server", "worker"]\n', launcher="ssh")
+
+
+# ---- no host address becomes an option of ssh or scp ----------------------------------------------
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_address_that_is_an_ssh_option_is_refused_in_one_line(tmp_path: Path, monkeypatch, capsys, dry_run):
+    """ssh would read the address as an option and run the proxy command here: refused where the
+    file is read, with one line naming the file, the host and what is allowed, before anything runs."""
+    from psbench.bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, SSH_HOSTS.format(address=INJECTED))
+    rc = main(["run", "--cluster", str(path), "--results-dir", str(tmp_path / "results"), *(["--dry-run"] * dry_run)])
+    captured = capsys.readouterr()
+    assert rc == 2 and captured.out == "" and INJECTED not in captured.out
+    (line,) = captured.err.strip().splitlines()
+    assert line == (f"psbench: error: {path}: hosts[1] (w) address '{INJECTED}' is not a host address; allowed: "
+                    "a hostname (RFC 1123: labels of letters, digits and '-', none starting or ending with '-', "
+                    "joined by '.') or an IP address")
+    assert not list(tmp_path.rglob("pwned*")) and not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("address, ok", [
+    ("10.0.0.1", True), ("fd00::1", True), ("node-1.example.org", True), ("h1", True), ("h1.", True),
+    (INJECTED, False), ("-h1", False), ("h1-", False), ("a..b", False), ("a b", False), ("h1;id", False),
+    ("h1:22", False), ("x" * 64, False), ("", False), ("$(id)", False), ("user@h1", False),
+])
+def test_host_addresses_are_hostnames_or_ip_literals(address: str, ok: bool):
+    text = SSH_HOSTS.format(address=address)
+    if ok:
+        assert cluster.parse(tomllib_loads(text)).hosts[1].address == address
+    else:
+        with pytest.raises(ConfigError, match=r"hosts\[1\] \(w\) address .* is not a host address; allowed: "):
+            cluster.parse(tomllib_loads(text))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("ssh.user", INJECTED, r"\[ssh\] user '-oProxyCommand=touch pwned'; allowed: letters, digits"),
+    ("hosts.name", "../../etc", r"hosts\[1\] name '../../etc'; allowed: letters, digits"),
+    ("hosts.name", "-w", r"hosts\[1\] name '-w'; allowed: letters, digits"),
+])
+def test_ssh_user_and_host_names_are_plain_names(key: str, value: str, message: str):
+    raw = tomllib_loads(SSH_HOSTS.format(address="10.1.0.2"))
+    if key == "ssh.user":
+        raw["ssh"] = {"user": value}
+    else:
+        raw["hosts"][1]["name"] = value
+    with pytest.raises(ConfigError, match=message):
+        cluster.parse(raw)
+
+
+def test_every_ssh_and_scp_ends_its_options_before_the_destination(tmp_path: Path, monkeypatch):
+    """Defence in depth: "--" before each destination (role commands, the hosts' folders, the copy
+    back), so an address that got past the check would still be a host name to ssh."""
+    cf = cluster.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2") + '[ssh]\nuser = "bench"\n'))
+    role = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], "python", ".s", "tok")[1]
+    assert cluster.ssh_argv(cf, role, guard=True)[5:7] == ["--", "bench@10.1.0.2"]
+    seen: list[list[str]] = []
+    monkeypatch.setattr(cluster.subprocess, "run",
+                        lambda argv, **kw: seen.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
+    hosts = cluster.SshHosts(cf, "job")
+    with hosts:
+        hosts.fetch(role, tmp_path)
+    mkdirs, fetch, removes = seen[:2], seen[2], seen[3:]
+    assert [a[5:7] for a in mkdirs + removes] == [["--", "bench@10.1.0.1"], ["--", "bench@10.1.0.2"]] * 2
+    assert fetch[0] == "scp" and fetch[-3:] == ["--", f"bench@10.1.0.2:{cf.ssh.workdir}/{role.out}", str(tmp_path / "w")]
+    assert cf.ssh.copy_back("fd00::2", "/x", "d")[-2] == "bench@[fd00::2]:/x"   # IPv6: scp's brackets
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None or shutil.which("scp") is None, reason="no ssh client here")
+def test_the_ssh_client_takes_an_option_after_dashdash_as_a_host(tmp_path: Path):
+    """The real OpenSSH client with our argv, the check bypassed: after "--" the injected address is
+    a (bad) host name, so its proxy command never runs; `ssh -G` shows "--" ends the options."""
+    cf = cluster.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2")))
+    env = {**os.environ, "HOME": str(tmp_path)}   # no ~/.ssh of this machine's user is read
+    for argv in (cf.ssh.command(INJECTED, "true"), cf.ssh.copy_back(INJECTED, "/x", str(tmp_path / "in"))):
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0 and not list(tmp_path.rglob("pwned*")), (argv, proc.stderr)
+    shown = subprocess.run(["ssh", "-G", *cf.ssh.command("10.1.0.2", "cd /x && true")[1:]], env=env,
+                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert shown.returncode == 0 and "hostname 10.1.0.2" in shown.stdout.splitlines(), shown.stderr
 
 
 # ---- the bandwidth experiment (quick variant) ----------------------------------------------------

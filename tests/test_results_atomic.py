@@ -3,8 +3,10 @@ the complete new one; `psbench bench` resumes a killed suite; a corrupt or forei
 folder makes `psbench report` print one clear line, not a stack trace."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -309,3 +311,64 @@ def test_cleaning_removes_staging_only_of_a_dead_owner(results_dir):
         sleeper.wait()
     clean_staging(results_dir, "s")
     assert not live.exists()
+
+
+# ---- a full disk, and durable renames -------------------------------------------------------------
+
+def _file_size_limit(limit: int):
+    """For a child: writes past `limit` bytes fail with EFBIG (SIGXFSZ ignored), as on a full disk."""
+    import resource
+
+    def limit_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # an ignored signal stays ignored across exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return limit_files
+
+
+def test_a_disk_that_fills_while_a_run_is_recorded_is_one_line_and_leaves_nothing(results_dir):
+    """`psbench run` whose step table outgrows what the disk takes: one line naming the run folder,
+    no traceback, and nothing in results/ but the (empty) suite folder: no staging folder, no temp file."""
+    proc = _psbench(["run", "--system", "single", "--workload", "mlp-digits", "--max-steps", "60", "--format", "csv",
+                     "--results-dir", str(results_dir), "--suite", "full", "--no-progress"],
+                    preexec_fn=_file_size_limit(4096))
+    out, err = proc.communicate(timeout=180)
+    (line,) = err.strip().splitlines()
+    assert proc.returncode == 1 and re.fullmatch(
+        rf"psbench: run failed: {re.escape(str(results_dir))}/full/single-mlp-digits-w1-s0-\w+: not written "
+        r"\(File too large\); nothing of it was kept", line), err
+    assert [str(p.relative_to(results_dir)) for p in results_dir.rglob("*")] == ["full"]
+
+
+@pytest.mark.parametrize("errno_name", ["ENOSPC", "EFBIG", "EDQUOT"])
+def test_a_full_disk_while_replacing_a_run_keeps_the_previous_one(results_dir, monkeypatch, errno_name):
+    spec = RunSpec("single", "mlp-digits", max_steps=1)
+    old = recorder(spec, 1.0).finish(results_dir, "s")
+    before = snapshot(old.out_dir)
+    real = records.atomic_write_json
+
+    def full(path, obj):   # the manifest, the last file of the run, meets a full disk
+        real(path, obj)
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)), str(path))
+
+    monkeypatch.setattr(records, "atomic_write_json", full)
+    with pytest.raises(atomic.DiskFull, match=rf"^{re.escape(str(old.out_dir))}: not written \("):
+        recorder(spec, 2.0).finish(results_dir, "s")
+    assert snapshot(old.out_dir) == before and sorted(p.name for p in (results_dir / "s").iterdir()) == [spec.run_id]
+
+
+def test_renames_are_made_durable_by_syncing_their_folder(results_dir, monkeypatch):
+    """After each rename the folder holding it is fsynced; a staging folder once, before its own rename."""
+    seen: list[tuple[str, str]] = []
+    real_replace, real_fsync = os.replace, os.fsync
+    monkeypatch.setattr(atomic.os, "replace", lambda src, dst: seen.append(("replace", str(dst))) or real_replace(src, dst))
+    monkeypatch.setattr(atomic.os, "fsync", lambda fd: seen.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+                        or real_fsync(fd))
+    target = results_dir / "notes" / "a.txt"
+    atomic.atomic_write_text(target, "x")
+    assert seen[-2:] == [("replace", str(target)), ("fsync", str(target.parent))]
+    seen.clear()
+    run = recorder(RunSpec("single", "mlp-digits", max_steps=1), 1.0).finish(results_dir, "s")
+    staging = next(dst for kind, dst in seen if kind == "replace" and Path(dst).name == "manifest.json")
+    staging = str(Path(staging).parent)
+    assert seen[-3:] == [("fsync", staging), ("replace", str(run.out_dir)), ("fsync", str(run.out_dir.parent))]
+    assert ("fsync", staging) not in seen[:-3]   # its files' names are synced once, with it

@@ -79,6 +79,30 @@ def test_ssh_launcher_runs_a_ps_job_on_sshd_hosts_and_copies_the_records_back(tm
     assert len(manifest["extra"]["ps"]["shards"]) == 1
 
 
+def test_a_worker_that_fails_on_an_sshd_host_is_one_line_and_its_log_is_kept(tmp_path: Path):
+    """The host's python makes worker1 fail at its step 2: the launcher says `<host> <role>: <first
+    cause>` in one line, as a local run does, keeps the role's whole log under the suite's failed/,
+    and leaves no run folder, no remote process and no job folder behind."""
+    results = tmp_path / "results"
+    python = tmp_path / "python"   # the hosts' interpreter: this one, worker 1 told to fail
+    python.write_text(f'#!/bin/sh\ncase " $* " in *" ps-worker "*" --worker-id 1 "*) '
+                      f'exec {sys.executable} "$@" --fail-at-step 2;; esac\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    with NetLab(hosts=4) as lab, SshLab(lab, hosts=[1, 2, 3]) as ssh:
+        path = ssh_cluster_file(tmp_path / "cluster.toml", lab, ssh.kit.config, steps=40)
+        path.write_text(path.read_text().replace(f'python = "{sys.executable}"', f'python = "{python}"'))
+        proc = lab.run(0, [sys.executable, "-m", "psbench", "run", "--cluster", str(path), "--results-dir",
+                           str(results), "--no-progress"], timeout=300)
+        assert remote_processes(lab, range(1, 4)) == []
+        assert not list(ROOT.glob(".psbench-cluster/*"))
+    (log,) = (results / "ps-ssh" / "failed").glob("*.log")
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"psbench: run failed: w2 worker1: injected failure in worker 1 at step 2 (log: {log})"], proc.stderr
+    text = log.read_text()
+    assert "--- worker1 on w2 (exit code 1), its log:\npsbench: run failed: injected failure in worker 1 at step 2" in text
+    assert [p.name for p in (results / "ps-ssh").iterdir()] == ["failed"]
+
+
 def test_stopping_the_ssh_launcher_stops_the_remote_roles(tmp_path: Path):
     """A guarded role dies with its ssh connection: kill the launcher's ssh, the remote server ends."""
     from psbench.bench.lab import cluster

@@ -1,13 +1,15 @@
 """The one process supervisor (psbench/core/supervisor.py): logs, exits described, whole trees
-stopped with a grace period, and a killed child's exit code still readable afterwards."""
+stopped with a grace period, a killed child's exit code still readable afterwards, and the one
+line in a failed child's log that says why."""
 from __future__ import annotations
 
 import sys
 import time
 
 import psutil
+import pytest
 
-from psbench.core.supervisor import Supervisor, _running, describe_exit, stop_tree
+from psbench.core.supervisor import Supervisor, _running, describe_exit, failure_cause, stop_tree
 
 PY = sys.executable
 # A child that starts a grandchild in a session of its own (as horovodrun's ranks do), prints its
@@ -86,3 +88,16 @@ def test_a_zombie_descendant_counts_as_stopped(tmp_path):
     assert not _running(zombie)
     sup.stop(grace_s=10.0)
     assert child.poll() == -15
+
+
+@pytest.mark.parametrize("log, cause", [
+    ("loading\npsbench: run failed: injected failure in worker 1 at step 3\n", "injected failure in worker 1 at step 3"),
+    ("psbench: run failed: ddp worker rank 1 failed: boom (log: /tmp/x/failed/r.log)", "ddp worker rank 1 failed: boom"),
+    ("psbench ps-worker: error: argument --seed: invalid int value: 'x'", "argument --seed: invalid int value: 'x'"),
+    ("psbench: error: a\nwarn\npsbench: run failed: the last one", "the last one"),
+    ("Traceback (most recent call last):\n  File \"x\", line 1\nValueError: bad shard 3\nmore", "ValueError: bad shard 3"),
+    ("ssh: connect to host 10.0.0.9 port 22: Connection refused\n\n", "ssh: connect to host 10.0.0.9 port 22: Connection refused"),
+    ("", None), ("\n  \n", None),
+])
+def test_failure_cause_is_the_one_line_that_says_why(log: str, cause: str | None) -> None:
+    assert failure_cause(log) == cause

@@ -18,7 +18,7 @@ from psbench.bench.harness.calibration import (CALIBRATION_WORKERS, Measured, Ro
 from psbench.core.cpu import (LAUNCHER, WORKERS, Proc, TreeSampler, active_spans, classifier, measured_cores,
                               usable_cores)
 from psbench.core.emulation import parse_device, parse_stragglers, stall_schedule
-from psbench.core.atomic import OLD_PREFIX, STAGING_PREFIX, atomic_write_text, dir_lock, owner_alive
+from psbench.core.atomic import OLD_PREFIX, STAGING_PREFIX, DiskFull, atomic_write_text, dir_lock, owner_alive
 from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec, budget_kind
 from psbench.bench.harness.results import FAILED_DIR
@@ -365,11 +365,20 @@ def run_one(planned: PlannedRun, results_dir: Path, suite: str, record_format: s
     try:
         recorder = record_run(planned)
     except RuntimeError as exc:
-        log = Path(results_dir) / suite / FAILED_DIR / f"{planned.spec.run_id}.log"
-        atomic_write_text(log, "".join(traceback.format_exception(exc)))
-        first = next((line for line in str(exc).strip().splitlines() if line.strip()), type(exc).__name__)
-        raise RuntimeError(f"{first} (log: {log})") from exc
+        raise failure_kept(exc, results_dir, suite, planned.spec.run_id) from exc
     return recorder.finish(results_dir, suite, record_format)
+
+
+def failure_kept(exc: BaseException, results_dir: Path, suite: str, run_id: str) -> RuntimeError:
+    """A failed run's message and whole traceback chain kept in <suite>/failed/<run-id>.log; the
+    error to raise: the message's first line (its first cause) and that log."""
+    first = next((line for line in str(exc).strip().splitlines() if line.strip()), type(exc).__name__)
+    log = Path(results_dir) / suite / FAILED_DIR / f"{run_id}.log"
+    try:
+        atomic_write_text(log, "".join(traceback.format_exception(exc)))
+    except (DiskFull, OSError) as not_kept:   # the cause still goes out, in one line
+        return RuntimeError(f"{first} (its log could not be kept: {getattr(not_kept, 'reason', None) or not_kept})")
+    return RuntimeError(f"{first} (log: {log})")
 
 
 def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = True,

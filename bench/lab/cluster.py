@@ -37,7 +37,9 @@ its own host's folder WORKDIR/.psbench-cluster/<job>/<host name>/, and the files
 with scp before merging, as if no file system were shared; the remote
 folders are removed afterwards. A role's remote process is stopped when its ssh connection
 closes (a guard on the session's stdin), so stopping the launcher stops every host's processes.
-`--dry-run` prints the commands instead.
+`--dry-run` prints the commands instead. A role that fails stops the run with one line,
+`<host> <role>: <first cause>`, and its whole log under results/<suite>/failed/, as a local run's
+failure (runner.failure_kept).
 
 Clock of a PS run: each worker's rows are timed from its own start; the start is placed on the
 common clock as (--out file's mtime) - (its last t_wall), which is exact to a round trip on one
@@ -49,6 +51,7 @@ import argparse
 import json
 import math
 import os
+import re
 import secrets
 import shlex
 import signal
@@ -64,13 +67,21 @@ from typing import Any, Sequence
 from psbench.bench.harness.schema import check_spec, check_suite_name
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
-from psbench.core.supervisor import Supervisor, stop_tree, tail
+from psbench.core.hosts import HOST_RULE, is_host_address, is_ip
+from psbench.core.supervisor import Supervisor, describe_exit, failure_cause, stop_tree
 
 LAUNCHERS = ("local", "netns", "ssh")
 SYSTEM_ROLES = {"ps": ("ps-server", "worker"), "ddp": ("worker",)}
 TOP_KEYS = {"launcher", "suite", "port", "timeout_s", "run", "hosts", "ssh", "description"}
 HOST_KEYS = {"name", "address", "roles", "cap_mbit"}
 DDP_RESERVED = {"master_addr", "master_port", "nnodes", "node_rank"}
+# a role's failure that reads as a peer gone (gloo's words) waits up to PEERS_FAIL_S for the peer's own
+PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|Broken pipe|pair closure", re.IGNORECASE)
+PEERS_FAIL_S = 5.0
+# a host's name (its folders, here and on the host) and the ssh user: never '-' first (an option of
+# ssh) nor '.' (a folder of its own: '..'), no '/'
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+PLAIN_RULE = "letters, digits, '_', '.' and '-', not '.' or '-' first"
 
 
 @dataclass(frozen=True)
@@ -89,12 +100,22 @@ class SshSettings:
     config: str | None = None   # ssh -F FILE (identity, known_hosts, port); default: the user's own
 
     def ssh(self) -> list[str]:
-        """ssh's argv up to the target; scp takes the same options."""
+        """ssh and its options; scp takes the same options."""
         opts = ["-F", os.path.expanduser(self.config)] if self.config else []
         return ["ssh", *opts, "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 
     def target(self, address: str) -> str:
         return f"{self.user}@{address}" if self.user else address
+
+    def command(self, address: str, remote: str) -> list[str]:
+        """ssh running `remote` (one shell command line) at `address`. "--" ends ssh's options, so
+        no destination is ever read as one (the file's addresses are checked as well)."""
+        return [*self.ssh(), "--", self.target(address), remote]
+
+    def copy_back(self, address: str, path: str, into: str) -> list[str]:
+        """scp of `path` (a file or a folder) at `address` into the local folder `into`."""
+        host = f"[{address}]" if is_ip(address) and ":" in address else address   # IPv6: [addr]:path
+        return ["scp", *self.ssh()[1:], "-q", "-r", "--", f"{self.target(host)}:{path}", into]
 
 
 @dataclass(frozen=True)
@@ -148,8 +169,14 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
             raise ConfigError(f"{source}: hosts[{k}] cap_mbit must be a number > 0, got {cap!r}")
         if cap is not None and launcher != "netns":
             raise ConfigError(f"{source}: hosts[{k}] cap_mbit needs launcher = \"netns\" (it sets tc on the lab's links)")
-        hosts.append(Host(str(h.get("name") or f"h{k}"), tuple(roles), h.get("address"),
-                          float(cap) if cap is not None else None))
+        name = h.get("name") or f"h{k}"
+        if not (isinstance(name, str) and PLAIN_NAME.match(name)):
+            raise ConfigError(f"{source}: hosts[{k}] name {name!r}; allowed: {PLAIN_RULE}")
+        address = h.get("address")
+        if address is not None and not is_host_address(address):
+            raise ConfigError(f"{source}: hosts[{k}] ({name}) address {address!r} is not a host address; "
+                              f"allowed: {HOST_RULE}")
+        hosts.append(Host(name, tuple(roles), address, float(cap) if cap is not None else None))
     if not hosts:
         raise ConfigError(f"{source}: give at least one [[hosts]] entry")
     if len({h.name for h in hosts}) != len(hosts):
@@ -200,6 +227,9 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
     if bad_ssh:
         raise ConfigError(f"{source}: [ssh] unknown key(s) {', '.join(bad_ssh)}; allowed: "
                           f"{', '.join(f.name for f in fields(SshSettings))}")
+    user = ssh_raw.get("user")
+    if user is not None and not (isinstance(user, str) and PLAIN_NAME.match(user)):
+        raise ConfigError(f"{source}: [ssh] user {user!r}; allowed: {PLAIN_RULE}")
     ssh = SshSettings(**ssh_raw) if launcher == "ssh" else SshSettings()
     suite = check_suite_name(raw.get("suite", "cluster"), source)
     return ClusterFile(launcher, spec, tuple(hosts), suite, port, float(timeout), ssh, source)
@@ -326,7 +356,7 @@ def ssh_argv(cf: ClusterFile, role: PlannedRole, guard: bool = False) -> list[st
                   "wait $pid")
     else:
         remote = prologue + "exec " + run
-    return [*cf.ssh.ssh(), cf.ssh.target(str(host.address)), remote]
+    return cf.ssh.command(str(host.address), remote)
 
 
 def ssh_stdin(env: dict[str, str]) -> bytes:
@@ -403,12 +433,11 @@ class SshHosts:
                 pass  # the run's own error (if any) is the one to report
 
     def _ssh(self, host: int, command: str, timeout: float = 60) -> None:
-        s = self.cf.ssh
-        argv = [*s.ssh(), s.target(self.addr(host)), f"cd {shlex.quote(s.workdir)} && {command}"]
+        argv = self.cf.ssh.command(self.addr(host), f"cd {shlex.quote(self.cf.ssh.workdir)} && {command}")
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
-            raise RoleFailed(f"ssh to {self.cf.hosts[host].name} ({self.addr(host)}) failed "
-                             f"({proc.returncode}): {proc.stderr.strip()[-500:]}")
+            raise RoleFailed(f"{self.cf.hosts[host].name}: ssh to {self.addr(host)} failed: "
+                             f"{failure_cause(proc.stderr) or describe_exit(proc.returncode)}\n{proc.stderr}")
 
     def addr(self, host: int) -> str:
         return str(self.cf.hosts[host].address)
@@ -434,11 +463,11 @@ class SshHosts:
         dest = local / self.cf.hosts[role.host].name
         dest.mkdir(parents=True, exist_ok=True)
         remote = role.out if os.path.isabs(role.out) else f"{s.workdir.rstrip('/')}/{role.out}"
-        scp = ["scp", *s.ssh()[1:], "-q", "-r", f"{s.target(self.addr(role.host))}:{remote}", str(dest)]
+        scp = s.copy_back(self.addr(role.host), remote, str(dest))
         proc = subprocess.run(scp, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
-            raise RoleFailed(f"{role.name}: copying {remote} back from {self.cf.hosts[role.host].name} failed: "
-                             f"{proc.stderr.strip()[-500:]}")
+            raise RoleFailed(f"{self.cf.hosts[role.host].name} {role.name}: copying {remote} back failed: "
+                             f"{failure_cause(proc.stderr) or describe_exit(proc.returncode)}\n{proc.stderr}")
         return str(dest / os.path.basename(role.out.rstrip("/")))
 
 
@@ -477,26 +506,64 @@ class NetnsHosts:
 # ---- running ----------------------------------------------------------------------------------
 
 class RoleFailed(RuntimeError):
-    """A role of a cluster run exited non-zero or the run timed out; the message has its log tail."""
+    """A role of a cluster run failed or the run timed out. The first line is `<host> <role>: <first
+    cause>`; the role's whole log follows (kept under the suite's failed/ folder by run_file)."""
 
 
-def _wait(started: list[tuple[PlannedRole, subprocess.Popen, Path]],
+def role_failed(cf: ClusterFile, failures: Sequence[tuple[PlannedRole, Path, str]], cause: str | None = None) -> RoleFailed:
+    """One error for roles that failed, each (role, its log, how it ended), the first one's first:
+    its cause, unless given, is read from its log (on an ssh host: the remote role's output and
+    ssh's own errors). Every role's whole log follows the first line."""
+    texts = [_role_log(role, log) for role, log, _ in failures]
+    role, _, how = failures[0]
+    cause = cause or failure_cause(texts[0]) or how
+    return RoleFailed(f"{cf.hosts[role.host].name} {role.name}: {cause}" + "".join(
+        f"\n--- {r.name} on {cf.hosts[r.host].name} ({h}), its log:\n{text}" for (r, _, h), text in zip(failures, texts)))
+
+
+def _role_log(role: PlannedRole, log: Path) -> str:
+    try:
+        text = log.read_text(errors="replace").rstrip()
+    except OSError:
+        text = ""
+    if role.out and os.path.isdir(role.out):   # a psbench run's own failure log, on this machine (not ssh)
+        text += "".join(f"\n--- {kept.name}:\n{kept.read_text(errors='replace')}"
+                        for kept in sorted(Path(role.out).glob("*/failed/*.log")))
+    return text
+
+
+def _last_written(log: Path) -> float:
+    try:
+        return os.stat(log).st_mtime
+    except OSError:
+        return math.inf
+
+
+def _wait(cf: ClusterFile, started: list[tuple[PlannedRole, subprocess.Popen, Path]],
           servers: list[tuple[PlannedRole, subprocess.Popen, Path]], deadline: float) -> None:
     """Until every process of `started` exits 0. Its first failure, a server that stops meanwhile
     (fail now, not at the workers' reply timeout) or the deadline raises RoleFailed."""
+    first_failure = None
     while True:
         codes = [p.poll() for _, p, _ in started]
-        for (role, _, log), code in zip(started, codes):
-            if code not in (None, 0):
-                raise RoleFailed(f"{role.name} on host {role.host} exited with {code}:\n{tail(log)}")
-        if all(c == 0 for c in codes):
+        failed = [(role, log, describe_exit(c)) for (role, _, log), c in zip(started, codes) if c not in (None, 0)]
+        if failed:
+            # A role that only lost a peer (a broken collective) is rarely the first cause: up to
+            # PEERS_FAIL_S for the role that broke it, then the failure whose log ended first.
+            first_failure = first_failure or time.monotonic()
+            lost_peer = {r.name: bool(PEER_LOST.search(failure_cause(_role_log(r, log)) or "")) for r, log, _ in failed}
+            if (not all(lost_peer.values()) or None not in codes
+                    or time.monotonic() - first_failure > PEERS_FAIL_S):
+                raise role_failed(cf, sorted(failed, key=lambda f: (lost_peer[f[0].name], _last_written(f[1]))))
+        elif all(c == 0 for c in codes):
             return
         for role, proc, log in servers:
             if proc.poll() is not None:
-                raise RoleFailed(f"{role.name} on host {role.host} stopped early ({proc.returncode}):\n{tail(log)}")
+                how = f"stopped early, {describe_exit(proc.returncode)}"
+                raise role_failed(cf, [(role, log, how)], None if proc.returncode else how)
         if time.monotonic() > deadline:
-            slow = [r.name for (r, _, _), c in zip(started, codes) if c is None]
-            raise RoleFailed(f"cluster run timed out; still running: {', '.join(slow)}")
+            slow = [f"{cf.hosts[r.host].name} {r.name}" for (r, _, _), c in zip(started, codes) if c is None]
+            raise RoleFailed(f"cluster run timed out after {cf.timeout_s:g}s; still running: {', '.join(slow)}")
         time.sleep(0.1)
 
 
@@ -521,11 +588,11 @@ def execute(cf: ClusterFile, hosts, scratch: Path, token: str | None = None) -> 
                     try:
                         hosts.wait_listening(role.host, role.ready_port, max(1.0, min(60.0, deadline - time.monotonic())))
                     except TimeoutError as exc:
-                        raise RoleFailed(f"{role.name}: {exc}\n{tail(log)}") from None
+                        raise role_failed(cf, [(role, log, "not listening")], str(exc)) from None
             if stage == "server":
                 servers = started
                 continue
-            _wait(started, servers if stage == "worker" else [], deadline)
+            _wait(cf, started, servers if stage == "worker" else [], deadline)
         for _, proc, _ in servers:  # ps-fetch told them to shut down
             try:
                 proc.wait(timeout=10)
@@ -614,7 +681,7 @@ def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True, record_for
     """Run the cluster file once; returns the RunResult (None if already complete and resume).
     Record tables are written as `record_format` (psbench.core.records.RECORD_FORMATS)."""
     from psbench.core.records import Recorder
-    from psbench.bench.harness.runner import is_complete
+    from psbench.bench.harness.runner import failure_kept, is_complete
     from psbench.workloads import get_workload
 
     spec = recorded_spec(cf)
@@ -636,16 +703,19 @@ def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True, record_for
     job = secrets.token_hex(6)
     hosts = (NetnsHosts(cf) if cf.launcher == "netns" else SshHosts(cf, job) if cf.launcher == "ssh"
              else LocalHosts(len(cf.hosts)))
-    with tempfile.TemporaryDirectory(prefix="psbench-cluster-") as tmp, hosts:
-        os.chmod(tmp, 0o755)
-        roles = execute(cf, hosts, Path(tmp), token)
-        if cf.spec.system == "ps":
-            collect_ps(cf, roles, recorder)
-        else:
-            collect_ddp(roles, recorder)
-        recorder.extra["cluster"] = {"launcher": cf.launcher, "source": cf.source,
-                                     "hosts": [{"name": h.name, "address": hosts.addr(i), "roles": list(h.roles),
-                                                "cap_mbit": h.cap_mbit} for i, h in enumerate(cf.hosts)]}
+    try:
+        with tempfile.TemporaryDirectory(prefix="psbench-cluster-") as tmp, hosts:
+            os.chmod(tmp, 0o755)
+            roles = execute(cf, hosts, Path(tmp), token)
+            if cf.spec.system == "ps":
+                collect_ps(cf, roles, recorder)
+            else:
+                collect_ddp(roles, recorder)
+            recorder.extra["cluster"] = {"launcher": cf.launcher, "source": cf.source,
+                                         "hosts": [{"name": h.name, "address": hosts.addr(i), "roles": list(h.roles),
+                                                    "cap_mbit": h.cap_mbit} for i, h in enumerate(cf.hosts)]}
+    except RuntimeError as exc:   # as a local run's failure: one line, the whole story under failed/
+        raise failure_kept(exc, results_dir, cf.suite, spec.run_id) from exc
     return recorder.finish(results_dir, cf.suite, record_format)
 
 

@@ -88,7 +88,7 @@ class SshKit:
             wrapper.chmod(0o755)
 
     def ssh_argv(self, address: str, remote: str) -> list[str]:
-        return ["ssh", "-F", str(self.config), address, remote]
+        return ["ssh", "-F", str(self.config), "--", address, remote]   # "--": the address is never an option
 
     def env_path(self, path: str | None = None) -> str:
         """PATH with the wrappers first (for tools that run plain `ssh`)."""

@@ -3,9 +3,14 @@
 A folder of run folders (a suite) may be written by several processes at once: each writes its run
 into a staging folder of its own (`.staging-<run>-<pid>`) and swaps it into place under the suite
 folder's lock (`dir_lock`), which is also held while leftovers are cleaned, so a cleaner never sees
-another process's half-done swap and removes only staging folders whose writer is gone."""
+another process's half-done swap and removes only staging folders whose writer is gone.
+
+Each rename is made durable by an fsync of the folder that holds it (the file's own data first). A
+disk that fills (or a file size limit) is one DiskFull line naming what was not written, and
+nothing of it is left behind."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -21,6 +26,36 @@ from psbench.core.supervisor import pid_alive
 
 STAGING_PREFIX = ".staging-"
 OLD_PREFIX = ".old-"
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class DiskFull(RuntimeError):
+    """A write that ran out of space: names what was not written (a run's records: its folder)."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: not written ({reason}); nothing of it was kept")
+        self.reason = reason
+
+
+def _disk_full(exc: BaseException) -> str | None:
+    """Why `exc` means a full disk, or None."""
+    if isinstance(exc, DiskFull):
+        return exc.reason
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL:
+        return os.strerror(exc.errno)
+    return None
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make the renames inside `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:   # a file system that cannot sync a folder
+            raise
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -36,8 +71,13 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        if not path.parent.name.startswith(STAGING_PREFIX):   # a staging folder is synced once, whole, when renamed
+            fsync_dir(path.parent)
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        reason = _disk_full(exc)
+        if reason:
+            raise DiskFull(path, reason) from exc
         raise
 
 
@@ -79,28 +119,34 @@ def atomic_replace_dir(staging: Path, final: Path) -> None:
     """Move a fully written staging directory into place; an older `final` is swapped out whole,
     under the parent folder's lock (see dir_lock)."""
     final = Path(final)
+    fsync_dir(staging)   # its files' names, before the folder's own rename
     with dir_lock(final.parent):
         if final.exists():
             old = final.with_name(f"{OLD_PREFIX}{final.name}-{os.getpid()}")
             os.replace(final, old)
             os.replace(staging, final)
+            fsync_dir(final.parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(staging, final)
+            fsync_dir(final.parent)
 
 
 @contextmanager
 def staged_dir(final: Path) -> Iterator[Path]:
     """A staging folder beside `final`, owned by this process (its pid in the name), to write into;
-    swapped into place when the block ends, removed if it raises."""
+    swapped into place when the block ends, removed if it raises (a full disk: DiskFull naming `final`)."""
     final = Path(final)
     staging = final.with_name(f"{STAGING_PREFIX}{final.name}-{os.getpid()}")
-    staging.mkdir()
     try:
+        staging.mkdir()
         yield staging
         atomic_replace_dir(staging, final)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)  # gone already once the swap went through
+        reason = _disk_full(exc)
+        if reason:
+            raise DiskFull(final, reason) from exc
         raise
 
 

@@ -8,6 +8,7 @@ terminal reaches only the launcher, which then stops them.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -39,6 +40,32 @@ def tail(path: Path | None, n: int = 15) -> str:
         return "\n".join(Path(path).read_text(errors="replace").rstrip().splitlines()[-n:])
     except OSError:
         return ""
+
+
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]: ?")
+_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+# a psbench command's one-line error; a "(log: ...)" it ends with is on the child's side
+_PSBENCH_ERROR = re.compile(r"^psbench(?: [\w-]+)?: (?:run failed|error): (.+?)(?: \(log: [^()]*\))?$")
+
+
+def python_error(text: str) -> str | None:
+    """'Type: message' of the first Python traceback in text (torchrun's '[rankN]:' prefixes dropped)."""
+    lines = [_RANK_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" in line:
+            for later in lines[i + 1:]:
+                m = _PY_ERROR.match(later)
+                if m and not later.startswith(("org.apache", "java.", "py4j.", "scala.")):
+                    return f"{m.group(1)}: {m.group(2)}".strip()
+    return None
+
+
+def failure_cause(log_text: str) -> str | None:
+    """Why a child process failed, in one line, from its log: a psbench command's own one-line
+    error (the last one), else the first Python traceback's 'Type: message', else the last line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    psbench = [m.group(1) for m in map(_PSBENCH_ERROR.match, lines) if m]
+    return (psbench[-1] if psbench else python_error(log_text) or (lines[-1] if lines else None))
 
 
 @dataclass

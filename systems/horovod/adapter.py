@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from psbench.core.cpu import WORKERS, Proc
+from psbench.core.hosts import HOST_RULE, is_host_address
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
@@ -38,6 +39,8 @@ class HorovodOptions:
             host, _, slots = entry.partition(":")
             if not host or (slots and not slots.isdigit()):
                 raise ConfigError(f"option hosts: '{entry}' is not HOST or HOST:SLOTS (e.g. localhost:2)")
+            if not is_host_address(host):   # horovodrun passes it to ssh, where '-...' is an option
+                raise ConfigError(f"option hosts: '{host}' is not a host address; allowed: {HOST_RULE}")
 
 
 def horovodrun_command(local: bool) -> list[str]:

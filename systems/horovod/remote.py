@@ -9,7 +9,8 @@ file system shared between the hosts.
 
 ssh: the user's own set-up, or `ssh_config` (an `ssh -F` file: key, known_hosts, port); horovodrun
 calls plain `ssh`, so the job folder gets `bin/ssh` and `bin/scp` wrappers that add `-F FILE`, put
-first on horovodrun's PATH.
+first on horovodrun's PATH. Every ssh and scp here ends its options with "--" before the host; the
+hosts themselves are checked where the option is read (horovodrun's own ssh calls have no "--").
 """
 from __future__ import annotations
 
@@ -62,9 +63,9 @@ class RemoteJob:
                 Path(folder).mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(self.job / "spec.json", f"{folder}/spec.json")
                 continue
-            self._run(["ssh", *self._ssh(), "-o", "BatchMode=yes", host, f"mkdir -p {shlex.quote(folder)}"],
+            self._run(["ssh", *self._ssh(), "-o", "BatchMode=yes", "--", host, f"mkdir -p {shlex.quote(folder)}"],
                       f"making the job folder on {host}")
-            self._run(["scp", *self._ssh(), "-q", "-o", "BatchMode=yes", str(self.job / "spec.json"),
+            self._run(["scp", *self._ssh(), "-q", "-o", "BatchMode=yes", "--", str(self.job / "spec.json"),
                        f"{host}:{folder}/spec.json"], f"copying the spec to {host}")
 
     def gather(self, job: Path) -> None:
@@ -79,7 +80,7 @@ class RemoteJob:
             into = job / "hosts"
             into.mkdir(exist_ok=True)
             # a host whose ranks wrote nothing (an early failure) is not an error here
-            subprocess.run(["scp", *self._ssh(), "-q", "-r", "-o", "BatchMode=yes", f"{host}:{folder}", str(into)],
+            subprocess.run(["scp", *self._ssh(), "-q", "-r", "-o", "BatchMode=yes", "--", f"{host}:{folder}", str(into)],
                            capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
             for f in (into / host).glob("*"):
                 if f.is_file() and f.name != "spec.json":
@@ -90,5 +91,5 @@ class RemoteJob:
             if host in LOCAL_NAMES:
                 shutil.rmtree(self.root, ignore_errors=True)
                 continue
-            subprocess.run(["ssh", *self._ssh(), "-o", "BatchMode=yes", host, f"rm -rf {shlex.quote(self.root)}"],
+            subprocess.run(["ssh", *self._ssh(), "-o", "BatchMode=yes", "--", host, f"rm -rf {shlex.quote(self.root)}"],
                            capture_output=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from psbench.core.cpu import WORKERS, Proc
+from psbench.core.supervisor import python_error
 from psbench.systems.base import option
 from psbench.systems.common import child_env
 from psbench.core.errors import ConfigError
@@ -318,10 +319,6 @@ def stop_session() -> None:
         SparkSession.builder.getOrCreate().stop()
 
 
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]: ?")
-_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
-
-
 def error_line(exc: BaseException, output: str = "") -> str:
     """The one line that says why a Spark job failed: the Python exception raised inside a task (or
     in `output`, a launched process's captured output) if there is one, else Spark's own reason."""
@@ -335,18 +332,6 @@ def error_line(exc: BaseException, output: str = "") -> str:
             # Py4J prints the JVM's exception as ': org.apache.spark.SparkException: <why>': keep <why>
             return re.sub(r"^:?\s*(org\.apache\.spark\.SparkException:\s*)?", "", line)[:500]
     return next((line for line in lines if line), type(exc).__name__)[:500]
-
-
-def python_error(text: str) -> str | None:
-    """'Type: message' of the first Python traceback in text (torchrun's '[rankN]:' prefixes dropped)."""
-    lines = [_RANK_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
-    for i, line in enumerate(lines):
-        if "Traceback (most recent call last)" in line:
-            for later in lines[i + 1:]:
-                m = _PY_ERROR.match(later)
-                if m and not later.startswith(("org.apache", "java.", "py4j.", "scala.")):
-                    return f"{m.group(1)}: {m.group(2)}".strip()
-    return None
 
 
 class ExecutorWatch:
