@@ -390,7 +390,7 @@ def test_the_sharding_verdict_is_the_design_with_the_most_seeds(tmp_path):
     as a smaller design with its own verdict in words, not counted."""
     _sharding_suite(tmp_path, calm=0.005)                                          # alone: reproduced
     _sharding_suite(tmp_path, calm=0.05, seeds=30, suite="sharding-powered")       # no effect
-    found = thesis.collect(tmp_path)
+    found, _ = thesis.collect(tmp_path)
     by_suite = {f.suite: f for f in found}
     assert by_suite["sharding-powered"].verdict in (thesis.INCONCLUSIVE, thesis.NOT_REPRODUCED)
     small = by_suite["sharding"]

@@ -25,7 +25,8 @@ from typing import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from psbench.bench.harness.results import SuiteResults, load_suite
+from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, SuiteResults, load_suite,
+                                            lost_left_out_line)
 from psbench.bench.report import measures
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order,
                                         sharding_runs)
@@ -407,14 +408,22 @@ def findings_table(found: list[Finding]) -> pd.DataFrame:
     return pd.DataFrame([asdict(f) for f in found], columns=list(Finding.__dataclass_fields__))
 
 
-def collect(results_dir: Path, quick: bool = False) -> list[Finding]:
+def collect(results_dir: Path, quick: bool = False, include_lost: bool = False) -> tuple[list[Finding], int]:
     """Every finding over the suites of a results folder (a suite is a folder of run folders):
-    the full suites, or with `quick` the quick ones (`<suite>-quick`), never the two mixed."""
+    the full suites, or with `quick` the quick ones (`<suite>-quick`), never the two mixed; and how
+    many runs that lost a worker load_suite left out (none with include_lost)."""
     found: list[Finding] = []
+    left_out = 0
     for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json"))):
         if suite.name.endswith("-quick") == quick:
-            found.extend(findings(load_suite(suite)))
-    return one_verdict_each(found)
+            try:
+                res = load_suite(suite, include_lost)
+            except OnlyLostRuns as only_lost:  # a fault experiment's suite: nothing of it counts
+                left_out += only_lost.n_runs
+                continue
+            left_out += len(res.lost_left_out)
+            found.extend(findings(res))
+    return one_verdict_each(found), left_out
 
 
 SUBSET = "shown, not the verdict"
@@ -438,9 +447,10 @@ def one_verdict_each(found: list[Finding]) -> list[Finding]:
     return out
 
 
-def render(found: list[Finding], quick: bool = False) -> str:
+def render(found: list[Finding], quick: bool = False, left_out: str = "") -> str:
     lines = ["# The thesis' findings, reproduced on this machine" + (" (quick sizes)" if quick else ""), "",
              "Computed by `psbench thesis` from the suites' records; each verdict follows the rule below it.", "",
+             *([left_out + ".", ""] if left_out else []),
              "| finding | the paper | ours (95% interval, n) | verdict | suite |", "|---|---|---|---|---|"]
     for f in found:
         lines.append(f"| {f.finding} | {f.paper} | {f.ours} | **{f.verdict}** | {f.suite} |")
@@ -450,23 +460,29 @@ def render(found: list[Finding], quick: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results_dir: Path, quick: bool = False) -> tuple[Path, list[Finding]]:
-    """RESULTS_DIR/thesis.md (thesis-quick.md for the quick suites), written whole or not at all."""
-    found = collect(Path(results_dir), quick)
+def write(results_dir: Path, quick: bool = False, include_lost: bool = False) -> tuple[Path, list[Finding], str]:
+    """RESULTS_DIR/thesis.md (thesis-quick.md for the quick suites), written whole or not at all; and
+    the line naming the runs left out ('' when none)."""
+    found, n_left_out = collect(Path(results_dir), quick, include_lost)
+    left_out = lost_left_out_line(n_left_out, f"{results_dir}")
     out = Path(results_dir) / ("thesis-quick.md" if quick else "thesis.md")
-    atomic_write_text(out, render(found, quick))
-    return out, found
+    atomic_write_text(out, render(found, quick, left_out))
+    return out, found, left_out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results_dir", help="results root holding the suites (e.g. results/reference)")
     p.add_argument("--quick", action="store_true", help="the quick suites (<suite>-quick) instead of the full ones")
+    p.add_argument(INCLUDE_LOST_FLAG, dest="include_lost", action="store_true",
+                   help="count runs that lost a worker (left out of verdicts and intervals by default)")
 
 
 def main(args: argparse.Namespace) -> int:
     if not Path(args.results_dir).is_dir():
         raise ConfigError(f"results folder {args.results_dir} does not exist; give one that `psbench bench` wrote")
-    out, found = write(Path(args.results_dir), args.quick)
+    out, found, left_out = write(Path(args.results_dir), args.quick, getattr(args, "include_lost", False))
+    if left_out:
+        print(f"psbench thesis: {left_out}")
     for f in found:
         print(f"{f.verdict:>15}  {f.finding}  [{f.suite}]")
     print(f"thesis: {out}")
