@@ -17,7 +17,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems.common import child_env, prepare
 from psbench.systems.ps import checkpoint, protocol
 from psbench.systems.ps.adapter import PSOptions, run_ps_phase
-from psbench.systems.ps.launch import Cluster, LaunchError
+from psbench.systems.ps.launch import Cluster, Faults, LaunchError
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
 
@@ -76,6 +76,19 @@ def test_killed_asp_worker_fails_the_run_unless_its_loss_is_tolerated(tmp_path, 
         "psbench: run failed: ps worker 1 failed (killed by SIGKILL) near step 6; the run stops (option "
         "tolerate_worker_loss=true goes on without it)"), failed
     assert not list(tmp_path.glob("faults/*/manifest.json"))
+    assert not no_children()
+
+
+def test_a_worker_lost_before_training_fails_at_once_even_when_tolerated():
+    """Tolerance lets a run go on without a worker that trained; one that died while loading leaves
+    no run: the launcher says so at once, not after the ready timeout as 'timed out waiting'."""
+    spec = RunSpec("ps", "mlp-digits", workers=2, seed=0, max_steps=5)
+    with Cluster(1, 2, TOKEN, ready_timeout_s=60, faults=Faults(tolerate_worker_loss=True)) as cluster:
+        addresses = cluster.start_servers(["--lr", "0.1"])
+        with pytest.raises(LaunchError) as info:
+            cluster.start_workers(["--spec-json", json.dumps(spec.to_dict())], addresses, {1: ["--no-such-flag"]})
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("ps worker 1 failed (exit code 2); before training began, so the run stops."), first
     assert not no_children()
 
 

@@ -136,7 +136,9 @@ class Cluster:
             if rc is None or rc == 0 or c.handled:
                 continue
             how = describe_exit(rc)
-            if c.role == "worker" and self.faults.tolerate_worker_loss and not self.stopping:
+            # a worker lost before go has not trained: there is no run to go on with
+            if c.role == "worker" and self.faults.tolerate_worker_loss and not self.stopping \
+                    and self.go_time is not None:
                 c.handled = True
                 self.lost_workers[c.index] = how
                 self._event("worker_lost", step=self.worker_step.get(c.index), worker=c.index, exit=how,
@@ -149,9 +151,12 @@ class Cluster:
                 self._restart_server(c, how)
                 continue
             if c.role == "worker":
-                why = (f"under {self.consistency} every step needs every worker, so the run stops"
-                       if self.consistency == "bsp" else
-                       "the run stops (option tolerate_worker_loss=true goes on without it)")
+                if self.consistency == "bsp":
+                    why = f"under {self.consistency} every step needs every worker, so the run stops"
+                elif self.go_time is None:
+                    why = "before training began, so the run stops"
+                else:
+                    why = "the run stops (option tolerate_worker_loss=true goes on without it)"
                 where = f" near step {self.worker_step[c.index]}" if c.index in self.worker_step else ""
                 raise LaunchError(f"ps worker {c.index} failed ({how}){where}; {why}. "
                                   f"Its last log lines:\n{c.log_tail()}")
