@@ -294,6 +294,8 @@ def lost_lines(a: Side, b: Side) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     include_lost = getattr(args, "include_lost", False)
     a, b = load_side(args.a, include_lost), load_side(args.b, include_lost)
+    for line in lost_lines(a, b):  # first: it may be why nothing matches
+        print(line)
     by_suite = not _is_suite_or_run(Path(args.a)) and not _is_suite_or_run(Path(args.b))  # two results roots
     table, only_a, only_b = compare_sides(a, b, by_suite=by_suite)
     if table.empty:
@@ -309,8 +311,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"only in A: {label}")
     for label in only_b:
         print(f"only in B: {label}")
-    for line in lost_lines(a, b):
-        print(line)
     print(f"wrote {out / 'compare.md'}, compare.csv, compare.png")
     worse = table[table["verdict"] == "worse"]
     if args.fail_on_worse and len(worse):
