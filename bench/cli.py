@@ -266,7 +266,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _track(args, Path(args.results_dir) / suite, results, _report(Path(args.results_dir) / suite))
     from psbench.bench.report.thesis import write as write_thesis
 
-    out, found = write_thesis(Path(args.results_dir), args.quick)
+    out, found, left_out = write_thesis(Path(args.results_dir), args.quick)
+    if left_out:
+        print(f"thesis: {left_out}", file=sys.stderr)
     print(f"thesis: {out} ({', '.join(f'{f.suite}: {f.verdict}' for f in found) or 'no finding in these suites'})",
           file=sys.stderr)
     return 0
@@ -274,12 +276,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _report(suite_dir: Path) -> Any:
     """Tables and plots for a suite just run; a suite with no runs (all unavailable) has none."""
+    from psbench.bench.harness.results import OnlyLostRuns
     from psbench.bench.report.document import build_report
 
     if not any(p.is_dir() and not p.name.startswith(".") and p.name != "plots" for p in suite_dir.glob("*")):
         print(f"psbench: no runs in {suite_dir}, no report", file=sys.stderr)
         return None
-    report = build_report(suite_dir)
+    try:
+        report = build_report(suite_dir)
+    except OnlyLostRuns as only_lost:  # a fault experiment: its runs are kept, its report asks for the flag
+        print(f"psbench: {only_lost}; no report", file=sys.stderr)
+        return None
+    if report.left_out:
+        print(f"report: {report.left_out}", file=sys.stderr)
     print(f"report: {report.markdown} ({len(report.plots)} plots)", file=sys.stderr)
     return report
 

@@ -13,7 +13,7 @@ import pytest
 
 from psbench.core.tables import read_table
 
-from psbench.bench.lab.compose_job import Tracker
+from psbench.bench.lab.compose_job import Tracker, Watch
 from psbench.systems.ps.server import check_exposure, is_loopback, read_token
 from psbench.systems.spark import daemon
 from psbench.systems.spark.session import SparkOptions, check_driver_exposure
@@ -35,6 +35,35 @@ def test_tracker_waiting_is_not_silence():
     assert s.lost == {1}
     s = t.update({"finished": [2], "waiting": [], "idle_s": {"0": 22.0, "1": 22.0, "2": 0.1}}, now=117.0)
     assert s.lost == {0, 1} and s.settled(3)
+
+
+class _Shard:
+    """Shard 0's stats as a job with worker 1 silent for 20 s and worker 0 finished shows them."""
+
+    def __init__(self, *args):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def stats(self):
+        return [{"finished": [0], "waiting": [], "idle_s": {"0": 0.0, "1": 20.0}}]
+
+
+@pytest.mark.parametrize("consistency", ["asp", "ssp:1"])
+def test_a_lost_worker_fails_the_job_unless_its_loss_is_tolerated(monkeypatch, consistency):
+    from psbench.systems.ps import worker
+
+    monkeypatch.setattr(worker, "KVWorker", _Shard)
+    with pytest.raises(RuntimeError, match=r"^a lost worker stops the job \(--tolerate-worker-loss finishes without "
+                                           r"it\); worker\(s\) \[1\] silent for over 10s$"):
+        Watch(["127.0.0.1:1"], 2, consistency.split(":")[0], "t", lost_after_s=10).until_settled()
+    state = Watch(["127.0.0.1:1"], 2, consistency.split(":")[0], "t", lost_after_s=10,
+                  tolerate_loss=True).until_settled()
+    assert state.finished == {0} and state.lost == {1}
 
 
 def test_is_loopback():

@@ -156,6 +156,10 @@ def test_finisher_command_parses_and_matches_the_workers():
     # JOB_ARGS reaches both alike
     extra = argv_of("worker", JOB_ARGS="--epochs 7")
     assert flag(extra, "--epochs") == flag(argv_of("ps-job", JOB_ARGS="--epochs 7"), "--epochs") == "7"
+    # a lost worker fails the job unless a fault experiment says otherwise
+    assert args.tolerate_worker_loss is False
+    tolerant = argv_of("ps-job", TOLERATE_WORKER_LOSS="--tolerate-worker-loss")
+    assert psbench_parser().parse_args(tolerant[1:]).tolerate_worker_loss is True
 
 
 def test_ps_workers_scale_with_runtime_ids():

@@ -221,14 +221,14 @@ LONG_JOB = dict(WORKERS="3", WORKLOAD="mlp-higgs-synthetic", MAX_STEPS="100000",
 
 
 def test_asp_job_finishes_without_a_killed_worker(project):
-    job = project(**LONG_JOB, CONSISTENCY="asp")
+    job = project(**LONG_JOB, CONSISTENCY="asp", TOLERATE_WORKER_LOSS="--tolerate-worker-loss")
     job("up", "-d", "--scale", "worker=3")
     lost = _kill_one_worker_mid_run(job, 3)
     finisher = job.containers("ps-job")[0]
     assert job.wait(finisher, 600) == 0, job.logs(finisher)
     run = _run_folder(job.results / "compose")
     manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["extra"]["compose"]["lost"] == [lost]
+    assert manifest["extra"]["compose"]["lost"] == [lost] == manifest["summary"]["lost_workers"]
     events = read_table(run, "events")
     assert list(events.kind) == ["worker_lost"] and list(events.worker) == [lost]
     steps = read_table(run, "steps")

@@ -11,12 +11,13 @@ import numpy as np
 import psutil
 import pytest
 
+from psbench.bench import cli
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.common import child_env, prepare
 from psbench.systems.ps import checkpoint, protocol
 from psbench.systems.ps.adapter import PSOptions, run_ps_phase
-from psbench.systems.ps.launch import Cluster, LaunchError
+from psbench.systems.ps.launch import Cluster, Faults, LaunchError
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
 
@@ -44,7 +45,8 @@ def test_killed_worker_is_recorded_and_training_goes_on(consistency):
     recorder = Recorder(spec)
     # ssp: without the liveness timeout the survivor would wait for the dead worker until the
     # 8 s step timeout and the run would fail; with it, the bound stops counting the dead worker.
-    options = PSOptions(consistency=consistency, kill_worker_at="1:6", worker_timeout_s=1.0, step_timeout_s=8.0)
+    options = PSOptions(consistency=consistency, kill_worker_at="1:6", worker_timeout_s=1.0, step_timeout_s=8.0,
+                        tolerate_worker_loss=True)
     result = run_ps_phase(prepare(spec), options, recorder)
     assert result.steps == {0: 40, 1: 6}
     [killed] = events(recorder, "worker_killed")
@@ -55,10 +57,38 @@ def test_killed_worker_is_recorded_and_training_goes_on(consistency):
     rows = [r for r in recorder.steps if r["worker"] == 1]
     assert [r["step"] for r in rows] == list(range(6))  # its rows up to its death came with its progress reports
     assert faults_of(recorder)["lost_workers"] == {"1": "killed by SIGKILL"}
+    assert recorder.summary()["lost_workers"] == [1]
     shard = result.server_stats[0]
     assert shard["applied"] == 46
     if consistency.startswith("ssp"):
         assert shard["lost_workers"] == [1] and shard["max_gap"] <= 1
+    assert not no_children()
+
+
+def test_killed_asp_worker_fails_the_run_unless_its_loss_is_tolerated(tmp_path, capsys):
+    """Tolerance is a fault experiment's explicit option: without it a lost worker is a failed run,
+    one line and no run folder (with it: the test above; its summary names the lost worker)."""
+    run = ["run", "--system", "ps", "-np", "2", "--workload", "mlp-digits", "--max-steps", "40", "--consistency",
+           "asp", "--kill-worker-at", "1:6", "--results-dir", str(tmp_path), "--suite", "faults", "--no-progress"]
+    assert cli.main(run) == 1
+    failed = [line for line in capsys.readouterr().err.splitlines() if line.startswith("psbench: run failed:")]
+    assert len(failed) == 1 and failed[0].startswith(
+        "psbench: run failed: ps worker 1 failed (killed by SIGKILL) near step 6; the run stops (option "
+        "tolerate_worker_loss=true goes on without it)"), failed
+    assert not list(tmp_path.glob("faults/*/manifest.json"))
+    assert not no_children()
+
+
+def test_a_worker_lost_before_training_fails_at_once_even_when_tolerated():
+    """Tolerance lets a run go on without a worker that trained; one that died while loading leaves
+    no run: the launcher says so at once, not after the ready timeout as 'timed out waiting'."""
+    spec = RunSpec("ps", "mlp-digits", workers=2, seed=0, max_steps=5)
+    with Cluster(1, 2, TOKEN, ready_timeout_s=60, faults=Faults(tolerate_worker_loss=True)) as cluster:
+        addresses = cluster.start_servers(["--lr", "0.1"])
+        with pytest.raises(LaunchError) as info:
+            cluster.start_workers(["--spec-json", json.dumps(spec.to_dict())], addresses, {1: ["--no-such-flag"]})
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("ps worker 1 failed (exit code 2); before training began, so the run stops."), first
     assert not no_children()
 
 

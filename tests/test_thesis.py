@@ -490,7 +490,7 @@ def test_thesis_command_gathers_the_suites(tmp_path, capsys):
     assert text.count("**Verdict: reproduced**") == 2 and text.count("\n## ") == 3  # the summary, then a section each
     # a reader's table: every cell within its bound, each rule printed once
     assert all(len(cell.strip()) <= thesis.SUMMARY_CELL + 4 for row in rows for cell in row.split("|"))
-    found = thesis.collect(tmp_path)
+    found, _ = thesis.collect(tmp_path)
     assert all(text.count(f.rule) == 1 for f in found)
     assert "Records: " in text and "0 from a dirty checkout" in text
     assert main(["thesis", str(tmp_path / "nowhere")]) == 2
@@ -503,7 +503,7 @@ def test_the_sharding_verdict_is_the_design_with_the_most_seeds(tmp_path):
     as a smaller design with its own verdict in words, not counted."""
     _sharding_suite(tmp_path, calm=0.005)                                          # alone: reproduced
     _sharding_suite(tmp_path, calm=0.05, seeds=30, suite="sharding-powered")       # no effect
-    found = thesis.collect(tmp_path)
+    found, _ = thesis.collect(tmp_path)
     by_suite = {f.suite: f for f in found}
     assert by_suite["sharding-powered"].verdict in (thesis.INCONCLUSIVE, thesis.NOT_REPRODUCED)
     small = by_suite["sharding"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,17 @@ from psbench.core.tables import read_table_file, steps_kept as holds_steps, tabl
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json", "bandwidth.csv", "bandwidth.png"}
 FAILED_DIR = "failed"  # <suite>/failed/<run-id>.log: the harness' log of a run that failed (runner.run_one)
 NOT_RUNS = REPORT_OUTPUTS | {FAILED_DIR}
+INCLUDE_LOST_FLAG = "--include-lost-workers"  # report, compare, thesis: read runs that lost a worker too
 SPEC_COLUMNS = ["system", "workload", "workers", "seed", "sharding", "batch_size", "epochs", "lr", "max_steps",
                 "emulate_device", "stragglers"]
+
+
+class OnlyLostRuns(ConfigError):
+    """A suite whose every run lost a worker: nothing left to read without include_lost."""
+
+    def __init__(self, n_runs: int, message: str):
+        super().__init__(message)
+        self.n_runs = n_runs
 
 
 @dataclass
@@ -40,6 +49,7 @@ class SuiteResults:
     events: pd.DataFrame
     shard_counts: pd.DataFrame  # run_id, worker, class, count (from shards.json)
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lost_left_out: list[str] = field(default_factory=list)  # run ids that lost a worker, not read (load_suite)
 
     @property
     def systems(self) -> list[str]:
@@ -53,7 +63,9 @@ class SuiteResults:
         return [c for c in self.runs.columns if c.startswith("opt_")]
 
 
-def load_suite(path: Path | str) -> SuiteResults:
+def load_suite(path: Path | str, include_lost: bool = False) -> SuiteResults:
+    """The suite's runs; a run that lost a worker (a tolerated fault) is left out unless include_lost:
+    it trained with fewer workers than its spec says, so it is no sample of its configuration."""
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"results folder {path} does not exist (give results/<suite>)")
@@ -101,12 +113,41 @@ def load_suite(path: Path | str) -> SuiteResults:
     per_run = {run_id: median_step_interval(group) for run_id, group in steps.groupby("run_id")}
     summary_median = pd.to_numeric(runs["median_step_s"], errors="coerce") if "median_step_s" in runs else math.nan
     runs["median_step_s"] = runs["run_id"].map(per_run).astype(float).where(runs["steps_kept"], summary_median)
-    return SuiteResults(
+    res = SuiteResults(
         suite=path.name, path=path, runs=runs.sort_values(["system", "label", "workers", "seed"]).reset_index(drop=True),
         steps=steps, evals=_concat(frames["evals"], TABLES["evals"]),
         events=_concat(frames["events"], TABLES["events"]),
         shard_counts=pd.DataFrame(shard_rows, columns=["run_id", "worker", "class", "count"]),
         manifests=manifests)
+    return res if include_lost else without_lost_workers(res)
+
+
+def without_lost_workers(res: SuiteResults) -> SuiteResults:
+    """The suite less its runs that lost a worker (summary lost_workers, or worker_lost events in runs
+    written before the summary carried it), named in lost_left_out."""
+    from_events = res.events.loc[res.events["kind"] == "worker_lost", "run_id"]
+    lost = res.runs.loc[(res.runs["lost_workers"] > 0) | res.runs["run_id"].isin(from_events), "run_id"]
+    if lost.empty:
+        return res
+    if len(lost) == len(res.runs):
+        raise OnlyLostRuns(len(lost), f"{res.path}: every run ({len(lost)}) lost a worker (summary lost_workers); "
+                                      f"{INCLUDE_LOST_FLAG} reads them")
+    kept = set(res.runs["run_id"]) - set(lost)
+
+    def keep(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[frame["run_id"].isin(kept)].reset_index(drop=True)
+
+    return replace(res, runs=keep(res.runs), steps=keep(res.steps), evals=keep(res.evals), events=keep(res.events),
+                   shard_counts=keep(res.shard_counts), manifests={k: m for k, m in res.manifests.items() if k in kept},
+                   lost_left_out=sorted(lost))
+
+
+def lost_left_out_line(n_runs: int, where: str) -> str:
+    """What report, compare and thesis print when load_suite left runs out ('' when none)."""
+    if not n_runs:
+        return ""
+    return (f"Left out {n_runs} run(s) of {where} that lost a worker (summary lost_workers: fewer workers "
+            f"trained than the spec says); {INCLUDE_LOST_FLAG} counts them")
 
 
 # ---- reading one run ---------------------------------------------------------------------
@@ -129,6 +170,8 @@ def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     for key, value in manifest["summary"].items():
         if not isinstance(value, (dict, list)):  # staleness_hist is re-derived from steps
             row[key] = value
+    lost = manifest["summary"].get("lost_workers")
+    row["lost_workers"] = len(lost) if isinstance(lost, list) else 0
     extra = manifest.get("extra") or {}
     row["setup_s"] = extra.get("setup_s")
     row["allreduce_alone_s"] = extra.get("allreduce_alone_s")  # allreduce systems: comm_s's reference

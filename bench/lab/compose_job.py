@@ -8,9 +8,10 @@ a PS job: `ps-fetch` (final parameters and shard stats, then the shards are told
 results/<suite>/<run-id>/. So `docker compose up` ends by itself: workers exit after bye, the
 server on shutdown, this process after the run folder is in place.
 
-A worker silent for --lost-after-s (not waiting on the server, not finished) is lost. Under asp/ssp
-the job finishes without it (an event `worker_lost` and the manifest say so); under bsp a lost
-worker ends the job with one error (the server's own reason, e.g. its step timeout), exit 1.
+A worker silent for --lost-after-s (not waiting on the server, not finished) is lost. A lost worker
+ends the job with one error, exit 1 (under bsp with the server's own reason, e.g. its step timeout);
+under asp/ssp with --tolerate-worker-loss (fault experiments) the job finishes without it (an event
+`worker_lost`, the summary's lost_workers and the manifest say so).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
 
 POLL_S = 1.0
@@ -65,6 +67,7 @@ class Watch:
     consistency: str
     token: str | None
     lost_after_s: float = 30.0
+    tolerate_loss: bool = False  # asp/ssp: finish without a lost worker
     startup_timeout_s: float = 600.0
     timeout_s: float = 3600.0
 
@@ -80,6 +83,9 @@ class Watch:
                 waited = time.monotonic() - start
                 if state.lost and self.consistency == "bsp":
                     raise RuntimeError(self._why(state, "under bsp a lost worker stops the job"))
+                if state.lost and not self.tolerate_loss:
+                    raise RuntimeError(self._why(state, "a lost worker stops the job (--tolerate-worker-loss "
+                                                        "finishes without it)"))
                 if state.settled(self.n_workers):
                     if not state.finished:
                         raise RuntimeError(self._why(state, "no worker finished"))
@@ -130,7 +136,12 @@ def run_job(args: argparse.Namespace) -> Path:
     token = token_from_args(args)
     for address in servers:  # the same rule as the server's: a reachable job needs a token
         check_exposure(f"server {address}", split_address(address)[0], token, args.insecure)
+    if args.tolerate_worker_loss and kind == "bsp":
+        raise ConfigError("--tolerate-worker-loss needs --consistency asp or ssp:S: under bsp every step needs "
+                          "every worker")
     options = {"consistency": args.consistency, "servers": len(servers), "launcher": "compose"}
+    if args.tolerate_worker_loss:
+        options["tolerate_worker_loss"] = True  # the PS option's name: a fault experiment's run
     if args.insecure and not token:
         options["insecure"] = True  # recorded: this run accepted unauthenticated clients
     recorded = RunSpec(**{**spec.to_dict(), "options": options})
@@ -146,7 +157,8 @@ def run_job(args: argparse.Namespace) -> Path:
     recorder = Recorder(recorded, target_accuracy=prep.workload.target_accuracy)
     recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
 
-    watch = Watch(servers, spec.workers, kind, token, args.lost_after_s, args.startup_timeout_s, args.timeout_s)
+    watch = Watch(servers, spec.workers, kind, token, args.lost_after_s, args.tolerate_worker_loss,
+                  args.startup_timeout_s, args.timeout_s)
     try:
         state = watch.until_settled()
     except Exception:
@@ -185,6 +197,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_token_argument(p, "the job's shared token")
     p.add_argument("--insecure", action="store_true", help="talk to non-loopback servers without a token")
     p.add_argument("--lost-after-s", type=float, default=30.0, help="a worker silent this long is lost (default 30)")
+    p.add_argument("--tolerate-worker-loss", action="store_true",
+                   help="asp/ssp, for fault experiments: finish without a lost worker (recorded); by default a "
+                        "lost worker fails the job")
     p.add_argument("--startup-timeout-s", type=float, default=600.0,
                    help="how long every worker has to reach the server (default 600)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="the whole job's limit (default 3600)")

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from psbench.bench.harness.results import REPORT_OUTPUTS, SuiteResults, load_suite
+from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, REPORT_OUTPUTS, OnlyLostRuns, SuiteResults, load_suite,
+                                            lost_left_out_line)
 from psbench.core.atomic import atomic_write_csv, atomic_write_text
 from psbench.core.errors import ConfigError
 
@@ -48,11 +49,12 @@ class Side:
     runs: pd.DataFrame      # run_id, suite, match, seed, the METRICS columns
     steps: pd.DataFrame     # run_id, worker, step, t_wall
     about: dict[str, Any]   # git shas, machines: what the side was measured on
+    lost_left_out: int = 0  # its runs that lost a worker, left out by load_suite
 
 
 # ---- reading a side ----------------------------------------------------------------------------
 
-def load_side(path: Path | str) -> Side:
+def load_side(path: Path | str, include_lost: bool = False) -> Side:
     path = Path(path)
     if path.is_file() and path.name in REPORT_OUTPUTS:
         path = path.parent  # a report's records are its suite folder
@@ -61,14 +63,22 @@ def load_side(path: Path | str) -> Side:
     only_run = None
     if (path / "manifest.json").is_file():  # one run folder: its suite, that run alone
         only_run, path = path.name, path.parent
-    suites = [load_suite(path)] if _is_suite(path) else [load_suite(p) for p in sorted(path.iterdir())
-                                                           if p.is_dir() and _is_suite(p)]
+    suites, left_out = [], 0
+    for suite in [path] if _is_suite(path) else [p for p in sorted(path.iterdir()) if p.is_dir() and _is_suite(p)]:
+        try:
+            suites.append(load_suite(suite, include_lost))
+            left_out += len(suites[-1].lost_left_out)
+        except OnlyLostRuns as only_lost:
+            if suite == path:
+                raise
+            left_out += only_lost.n_runs  # a fault experiment's suite in a results root
     if not suites:
         raise ConfigError(f"{path}: no psbench runs (not a suite folder, a run folder or a results root)")
     runs, steps, about = [], [], {"git_sha": set(), "machine": set()}
     for res in suites:
         rows = _runs(res)
-        if only_run:
+        if only_run:  # a run folder is named by its run id
+            left_out = int(only_run in res.lost_left_out)
             rows = rows[rows["dir"].map(lambda d: Path(d).name) == only_run]
         runs.append(rows)
         steps.append(res.steps[res.steps["run_id"].isin(rows["run_id"])][["run_id", "worker", "step", "t_wall"]])
@@ -78,7 +88,7 @@ def load_side(path: Path | str) -> Side:
                 machine = manifest.get("machine") or {}
                 about["machine"].add(f"{machine.get('cores', '?')} cores, {machine.get('platform', '?')}")
     return Side(str(path if not only_run else path / only_run), pd.concat(runs, ignore_index=True),
-                pd.concat(steps, ignore_index=True), {k: sorted(v) for k, v in about.items()})
+                pd.concat(steps, ignore_index=True), {k: sorted(v) for k, v in about.items()}, left_out)
 
 
 def _is_suite(path: Path) -> bool:
@@ -254,6 +264,8 @@ def render_markdown(a: Side, b: Side, table: pd.DataFrame, only_a: list[str], on
            "'worse' marks an interval that excludes 1 (a difference beyond noise), '~' one within it. With "
            "few seeds these intervals are optimistic.", "",
            "```", format_table(table), "```", ""]
+    lost = lost_lines(a, b)
+    out += [f"- {line}." for line in lost] + ([""] if lost else [])
     if only_a or only_b:
         out += ["Not compared (in one side only):", ""]
         out += [f"- only in A: {x}" for x in only_a] + [f"- only in B: {x}" for x in only_b] + [""]
@@ -269,10 +281,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="where compare.md/.csv/.png go (default results/compare/<A>-vs-<B>)")
     p.add_argument("--fail-on-worse", action="store_true",
                    help="exit 1 when any metric of B is worse than A beyond noise (for CI)")
+    p.add_argument(INCLUDE_LOST_FLAG, dest="include_lost", action="store_true",
+                   help="count runs that lost a worker (left out of ratios and intervals by default)")
+
+
+def lost_lines(a: Side, b: Side) -> list[str]:
+    """One line a side that left runs out because they lost a worker."""
+    return [line for side, name in ((a, "A"), (b, "B"))
+            if (line := lost_left_out_line(side.lost_left_out, f"{name} ({side.name})"))]
 
 
 def main(args: argparse.Namespace) -> int:
-    a, b = load_side(args.a), load_side(args.b)
+    include_lost = getattr(args, "include_lost", False)
+    a, b = load_side(args.a, include_lost), load_side(args.b, include_lost)
+    for line in lost_lines(a, b):  # first: it may be why nothing matches
+        print(line)
     by_suite = not _is_suite_or_run(Path(args.a)) and not _is_suite_or_run(Path(args.b))  # two results roots
     table, only_a, only_b = compare_sides(a, b, by_suite=by_suite)
     if table.empty:

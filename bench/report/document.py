@@ -25,7 +25,7 @@ from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDI
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
 from psbench.bench.report.stats import CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
-from psbench.bench.harness.results import SuiteResults, load_suite
+from psbench.bench.harness.results import INCLUDE_LOST_FLAG, SuiteResults, load_suite, lost_left_out_line
 
 PLOT_CAPTIONS = {
     "throughput_vs_workers": "Throughput (training samples per second, all workers together, after warm-up: see "
@@ -76,10 +76,11 @@ class Report:
     markdown: Path
     html: Path
     plots: dict[str, list[Path]] = field(default_factory=dict)
+    left_out: str = ""  # the runs load_suite left out, and why ('' when none)
 
 
-def build_report(suite_dir: Path | str) -> Report:
-    res = measures.annotate(load_suite(suite_dir))
+def build_report(suite_dir: Path | str, include_lost: bool = False) -> Report:
+    res = measures.annotate(load_suite(suite_dir, include_lost))
     plots = draw_all(res)
     fits = cost_model.suite_fits(res)
     check = cost_model.size_check(fits, cost_model.check_suite(res)) if fits else pd.DataFrame()
@@ -90,7 +91,7 @@ def build_report(suite_dir: Path | str) -> Report:
     if fits:
         falls = cost_model.predicted_falls(fits, cost_model.checked_labels(check))
         atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite, falls))
-    return Report(res.path, md_path, html_path, plots)
+    return Report(res.path, md_path, html_path, plots, lost_left_out_line(len(res.lost_left_out), f"suite {res.suite}"))
 
 
 # ---- tables ------------------------------------------------------------------------------
@@ -632,7 +633,7 @@ def steps_kept_text(res: SuiteResults) -> str:
 
 def warnings_text(res: SuiteResults) -> list[str]:
     runs = measures.annotate(res).runs
-    out = [measures.mixed_versions_warning(res)]
+    out = [measures.mixed_versions_warning(res), lost_left_out_line(len(res.lost_left_out), "this suite")]
     short = runs[runs["too_short"] != ""]
     if len(short):
         out.append(f"Warning: {len(short)} of {len(runs)} runs are too short to compare ({measures.SHORT_RULE}): "
@@ -837,6 +838,8 @@ def render_html(res: SuiteResults, blocks: list[Block]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suites", nargs="+", type=Path, metavar="RESULTS/SUITE",
                    help="suite folder(s), e.g. results/systems")
+    p.add_argument(INCLUDE_LOST_FLAG, dest="include_lost", action="store_true",
+                   help="count runs that lost a worker (left out of tables, verdicts and intervals by default)")
     p.add_argument("--browser-check", action="store_true",
                    help="open report.html in headless Chromium: fail on console errors or images that do not "
                         "load; save a full-page screenshot as report.png beside it")
@@ -844,7 +847,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     for suite in args.suites:
-        report = build_report(suite)
+        report = build_report(suite, getattr(args, "include_lost", False))
+        if report.left_out:
+            print(f"psbench report: {report.left_out}")
         print(f"{report.markdown}  {report.html}  ({len(report.plots)} plot(s): {', '.join(report.plots) or 'none'})")
         if getattr(args, "browser_check", False) and not browser_check(report.html):
             return 1

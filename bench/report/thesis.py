@@ -25,7 +25,8 @@ from typing import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from psbench.bench.harness.results import SuiteResults, load_suite
+from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, SuiteResults, load_suite,
+                                            lost_left_out_line)
 from psbench.bench.report import measures
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order,
                                         sharding_runs)
@@ -570,17 +571,34 @@ def findings_table(found: list[Finding]) -> pd.DataFrame:
                           f.verdict, summary_cell(f.decides or "–"), f.rule] for f in found], columns=SUMMARY_COLUMNS)
 
 
-def suites_of(results_dir: Path, quick: bool = False) -> dict[str, SuiteResults]:
+def suites_of(results_dir: Path, quick: bool = False,
+              include_lost: bool = False) -> tuple[dict[str, SuiteResults], int]:
     """The suites of a results folder (a suite is a folder of run folders): the full suites, or with `quick`
-    the quick ones (`<suite>-quick`), never the two mixed."""
-    return {suite.name: load_suite(suite)
-            for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json")))
-            if suite.name.endswith("-quick") == quick}
+    the quick ones (`<suite>-quick`), never the two mixed; and how many runs that lost a worker load_suite
+    left out (none with include_lost)."""
+    suites: dict[str, SuiteResults] = {}
+    left_out = 0
+    for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json"))):
+        if suite.name.endswith("-quick") != quick:
+            continue
+        try:
+            suites[suite.name] = res = load_suite(suite, include_lost)
+        except OnlyLostRuns as only_lost:  # a fault experiment's suite: nothing of it counts
+            left_out += only_lost.n_runs
+            continue
+        left_out += len(res.lost_left_out)
+    return suites, left_out
 
 
-def collect(results_dir: Path, quick: bool = False) -> list[Finding]:
-    """Every finding over the suites of a results folder."""
-    return one_verdict_each([f for res in suites_of(results_dir, quick).values() for f in findings(res)])
+def _gather(results_dir: Path, quick: bool, include_lost: bool) -> tuple[dict[str, SuiteResults], list[Finding], int]:
+    suites, left_out = suites_of(results_dir, quick, include_lost)
+    return suites, one_verdict_each([f for res in suites.values() for f in findings(res)]), left_out
+
+
+def collect(results_dir: Path, quick: bool = False, include_lost: bool = False) -> tuple[list[Finding], int]:
+    """Every finding over the suites of a results folder, and the runs left out for a lost worker."""
+    _, found, left_out = _gather(results_dir, quick, include_lost)
+    return found, left_out
 
 
 SUBSET = "shown, not the verdict"
@@ -636,10 +654,11 @@ def _provenance(found_suites: dict[str, SuiteResults]) -> str:
     return f"Records: {sum(commits.values())} runs ({made}; {dirty} from a dirty checkout)."
 
 
-def render(found: list[Finding], quick: bool = False, provenance: str = "") -> str:
+def render(found: list[Finding], quick: bool = False, provenance: str = "", left_out: str = "") -> str:
     lines = ["# The thesis' findings, reproduced on this machine" + (" (quick sizes)" if quick else ""), "",
              "Computed by `psbench thesis` from the suites' records, each verdict by the rule in its section. "
-             + provenance, "", "## Summary", "", summary_table(found) if found else
+             + provenance, "", *([left_out + ".", ""] if left_out else []), "## Summary", "",
+             summary_table(found) if found else
              "No suite here holds the records of a finding (run `psbench bench`)."]
     ruled: dict[str, str] = {}
     for f in found:
@@ -651,24 +670,29 @@ def render(found: list[Finding], quick: bool = False, provenance: str = "") -> s
     return "\n".join(lines) + "\n"
 
 
-def write(results_dir: Path, quick: bool = False) -> tuple[Path, list[Finding]]:
-    """RESULTS_DIR/thesis.md (thesis-quick.md for the quick suites), written whole or not at all."""
-    suites = suites_of(Path(results_dir), quick)
-    found = one_verdict_each([f for res in suites.values() for f in findings(res)])
+def write(results_dir: Path, quick: bool = False, include_lost: bool = False) -> tuple[Path, list[Finding], str]:
+    """RESULTS_DIR/thesis.md (thesis-quick.md for the quick suites), written whole or not at all; and
+    the line naming the runs left out ('' when none)."""
+    suites, found, n_left_out = _gather(Path(results_dir), quick, include_lost)
+    left_out = lost_left_out_line(n_left_out, f"{results_dir}")
     out = Path(results_dir) / ("thesis-quick.md" if quick else "thesis.md")
-    atomic_write_text(out, render(found, quick, _provenance(suites)))
-    return out, found
+    atomic_write_text(out, render(found, quick, _provenance(suites), left_out))
+    return out, found, left_out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results_dir", help="results root holding the suites (e.g. results/reference)")
     p.add_argument("--quick", action="store_true", help="the quick suites (<suite>-quick) instead of the full ones")
+    p.add_argument(INCLUDE_LOST_FLAG, dest="include_lost", action="store_true",
+                   help="count runs that lost a worker (left out of verdicts and intervals by default)")
 
 
 def main(args: argparse.Namespace) -> int:
     if not Path(args.results_dir).is_dir():
         raise ConfigError(f"results folder {args.results_dir} does not exist; give one that `psbench bench` wrote")
-    out, found = write(Path(args.results_dir), args.quick)
+    out, found, left_out = write(Path(args.results_dir), args.quick, getattr(args, "include_lost", False))
+    if left_out:
+        print(f"psbench thesis: {left_out}")
     for f in found:
         print(f"{f.verdict:>15}  {f.finding}  [{f.suite}]")
     print(f"thesis: {out}")

@@ -222,6 +222,9 @@ class Recorder:
             "budget": self.spec.budget or ("steps per worker" if self.spec.max_steps else "epochs per worker"),
             "target_accuracy": self.target_accuracy,
             "time_to_target_s": None,
+            # the ranks whose loss the run tolerated (their worker_lost events): not a normal run
+            "lost_workers": sorted({int(e["worker"]) for e in self.events
+                                    if e["kind"] == "worker_lost" and e["worker"] is not None}),
         }
         for split in ("train", "val"):
             rows = evals[evals["split"] == split]

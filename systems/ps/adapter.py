@@ -63,6 +63,9 @@ class PSOptions:
     retry_s: float = option(5.0, "a worker resends a request unanswered this long (a restarted shard lost it)")
     checkpoint_dir: str | None = option(None, "write shard checkpoints here; a killed shard is restarted from them")
     checkpoint_every: str = option("100", "checkpoint interval: shard updates (e.g. 100) or seconds (e.g. 5s)")
+    tolerate_worker_loss: bool = option(False, "asp/ssp, for fault experiments: a worker that dies is recorded "
+                                               "(summary lost_workers) and the run goes on without it; off, a "
+                                               "lost worker fails the run")
     kill_worker_at: str | None = option(None, "fault injection: WORKER:STEP, SIGKILL that worker at that step")
     kill_server_at: str | None = option(None, "fault injection: SHARD:VERSION or SHARD:SECONDSs, SIGKILL that "
                                               "shard then (checkpoints on, in a temp dir if none given)")
@@ -79,6 +82,9 @@ class PSOptions:
         if self.pipeline and parse_consistency(self.consistency)[0] != "asp":
             raise ConfigError(f"pipeline needs consistency asp, got {self.consistency!r}: under bsp/ssp a worker "
                               f"must wait for its reply")
+        if self.tolerate_worker_loss and parse_consistency(self.consistency)[0] == "bsp":
+            raise ConfigError("tolerate_worker_loss needs consistency asp or ssp:S: under bsp every step needs "
+                              "every worker")
         if not self.step_timeout_s > 0:
             raise ConfigError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
         if not _loopback(self.host):
@@ -117,8 +123,7 @@ class PSOptions:
             kill_server = (int(shard), version, seconds)
             if kill_server[0] >= self.servers:
                 raise ConfigError(f"kill_server_at: shard {kill_server[0]} does not exist ({self.servers} servers)")
-        kind, _ = parse_consistency(self.consistency)
-        return Faults(tolerate_worker_loss=kind != "bsp", checkpoint_dir=self.checkpoint_dir,
+        return Faults(tolerate_worker_loss=self.tolerate_worker_loss, checkpoint_dir=self.checkpoint_dir,
                       kill_worker=kill_worker, kill_server=kill_server)
 
 

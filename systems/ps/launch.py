@@ -54,7 +54,7 @@ class Faults:
     """What the launcher does when a child dies, and what it injects (real SIGKILLs, for tests and
     experiments). kill_worker = (worker, step): kill it when it reports reaching that step.
     kill_server = (shard, version, seconds): kill it at that version, or that many seconds after go."""
-    tolerate_worker_loss: bool = False   # asp/ssp: go on without a dead worker; bsp: stop the run
+    tolerate_worker_loss: bool = False   # asp/ssp: go on without a dead worker; otherwise stop the run
     checkpoint_dir: str | None = None    # restart a dead shard from here (None: a dead shard stops the run)
     kill_worker: tuple[int, int] | None = None
     kill_server: tuple[int, int | None, float | None] | None = None
@@ -137,7 +137,9 @@ class Cluster:
             if rc is None or rc == 0 or c.handled:
                 continue
             how = describe_exit(rc)
-            if c.role == "worker" and self.faults.tolerate_worker_loss and not self.stopping:
+            # a worker lost before go has not trained: there is no run to go on with
+            if c.role == "worker" and self.faults.tolerate_worker_loss and not self.stopping \
+                    and self.go_time is not None:
                 c.handled = True
                 self.lost_workers[c.index] = how
                 self._event("worker_lost", step=self.worker_step.get(c.index), worker=c.index, exit=how,
@@ -150,8 +152,12 @@ class Cluster:
                 self._restart_server(c, how)
                 continue
             if c.role == "worker":
-                why = (f"under {self.consistency} every step needs every worker, so the run stops"
-                       if self.consistency == "bsp" else "the run stops")
+                if self.consistency == "bsp":
+                    why = f"under {self.consistency} every step needs every worker, so the run stops"
+                elif self.go_time is None:
+                    why = "before training began, so the run stops"
+                else:
+                    why = "the run stops (option tolerate_worker_loss=true goes on without it)"
                 where = f" near step {self.worker_step[c.index]}" if c.index in self.worker_step else ""
                 raise LaunchError(f"ps worker {c.index} failed ({how}){where}; {why}. "
                                   f"Its last log lines:\n{c.log_tail()}")
