@@ -24,6 +24,8 @@ from psbench.bench.report import cost_model, measures, switching, throughput_gap
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
+from psbench.bench.report.markdown import fmt_cell as _fmt, frame_strings as _frame_strings, markdown_table
+from psbench.bench.report.markdown import missing as _missing
 from psbench.bench.report.stats import CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
 from psbench.bench.harness.results import SuiteResults, load_suite
 
@@ -570,33 +572,6 @@ def _ratio(slow: Any, fast: Any) -> str:
     return f"{slow / fast:.2f}x faster" if slow >= fast else f"{fast / slow:.2f}x slower"
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _fmt(value: Any) -> str:
-    if _missing(value):
-        return "–"
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        if v == 0:
-            return "0"
-        if math.isinf(v):
-            return "∞" if v > 0 else "-∞"
-        if abs(v) >= 1e6:
-            return f"{v:.3g}"
-        if abs(v) >= 1000:
-            return f"{v:,.0f}"
-        if abs(v) >= 1:
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-        return f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}"
-    return str(value)
-
-
 def _compact(table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Drop columns that hold one value in every row; say those values once instead."""
     if len(table) < 2:
@@ -786,22 +761,6 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "code version.")
     table("Machine and versions", environment_table(res), "From the run manifests.")
     return blocks
-
-
-def _frame_strings(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.apply(lambda col: col.map(_fmt)) if len(frame) else frame
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A table in Markdown, its cells written as the report writes them (_fmt); '_(none)_' when empty.
-    The one writer: the scale model's report uses it too."""
-    if frame.empty:
-        return "_(none)_"
-    cells = _frame_strings(frame)
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(c) for c in cells.columns) + " |", "|" + "|".join("---" for _ in cells.columns) + "|"]
-    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for _, row in cells.iterrows()]
-    return "\n".join(lines)
 
 
 def render_markdown(res: SuiteResults, blocks: list[Block]) -> str:

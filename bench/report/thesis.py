@@ -33,6 +33,7 @@ from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDI
 from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
                                             switch_verdict_table)
 from psbench.bench.report import throughput_gap, variance_power
+from psbench.bench.report.markdown import markdown_table
 from psbench.bench.report.stats import (Interval, VarianceRatio, paired_variance_ratio,
                                         variance_ratio)
 from psbench.core.atomic import atomic_write_text
@@ -198,8 +199,6 @@ def kassela(res: SuiteResults) -> Finding | None:
 # ---- specialised vs general-purpose throughput ----------------------------------------------------
 
 def throughput(res: SuiteResults) -> Finding | None:
-    from psbench.bench.report.document import markdown_table  # document imports this module
-
     tg = throughput_gap
 
     found = tg.twins(res)
