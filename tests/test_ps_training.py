@@ -91,8 +91,11 @@ def test_cli_asp_run_learns_and_records_staleness(results_dir):
                    "--results-dir", str(results_dir), "--suite", "t", "--no-progress"])
     assert rc == 0
     [run] = list((results_dir / "t").iterdir())
-    summary = json.loads((run / "manifest.json").read_text())["summary"]
+    manifest = json.loads((run / "manifest.json").read_text())
+    summary = manifest["summary"]
     assert summary["staleness_mean"] > 0 and summary["staleness_max"] >= 1
+    # the exchange timed alone after training: a push + pull of the same tensors, within a step
+    assert 0 < manifest["extra"]["ps_roundtrip_alone_s"] < summary["median_step_s"]
     assert sum(summary["staleness_hist"].values()) == summary["steps"]
     steps = read_table(run, "steps")
     assert set(steps["worker"]) == {0, 1} and steps["staleness"].notna().all() and (steps["bytes"] > 0).all()
@@ -190,3 +193,16 @@ def test_shards_and_workers_leave_when_their_launcher_is_killed(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_a_round_trip_alone_pushes_to_a_shard_that_applies_nothing():
+    """one_shard's shard has lr 0 and momentum 0: pushes of ones leave its zeros, so timing it
+    changes no state (time_push_pull_alone's figure: the CLI run above records it)."""
+    from psbench.systems.ps.alone import one_shard
+
+    shapes = [(3, 4), (5,)]
+    with one_shard(shapes, "t") as kv:
+        for step in range(3):
+            reply = kv.push_pull([np.ones(s, np.float32) for s in shapes], step)
+            assert all((a == 0).all() for a in reply.params.values()) and len(reply.params) == 2
+    assert not no_children()

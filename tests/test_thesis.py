@@ -514,25 +514,6 @@ def test_the_sharding_verdict_is_the_design_with_the_most_seeds(tmp_path):
     assert "**reproduced**" not in text and f"**{thesis.SUBSET}**" in text
 
 
-def _throughput_suite(root: Path, spark_step) -> Path:
-    """ps and ddp step in 20 ms at every worker count; spark-mllib's step takes spark_step(workers)."""
-    for seed in range(3):
-        for workers in (1, 2, 4, 8):
-            for system, step_s in (("ps", 0.02), ("ddp", 0.021), ("spark-mllib", spark_step(workers))):
-                spec = RunSpec(system, "mlp-digits", workers=workers, seed=seed, batch_size=8)
-                fake_run(root, "throughput", spec, step_s=step_s * (1 + 0.01 * seed * (system == "ps")), steps=60)
-    return root / "throughput"
-
-
-def test_throughput_gap_verdict_needs_the_gap_above_one_and_rising(tmp_path):
-    (rising,) = thesis.findings(load_suite(_throughput_suite(tmp_path / "a", lambda n: 0.3 * (1 + 0.2 * n))))
-    assert rising.verdict == thesis.REPRODUCED and "8 workers" in rising.ours and "ps ÷ spark-mllib" in rising.ours
-    (flat,) = thesis.findings(load_suite(_throughput_suite(tmp_path / "b", lambda n: 0.3)))
-    assert flat.verdict == thesis.INCONCLUSIVE  # 15x everywhere: above 1, not shown to rise
-    (closing,) = thesis.findings(load_suite(_throughput_suite(tmp_path / "c", lambda n: 0.3 / n)))
-    assert closing.verdict == thesis.NOT_REPRODUCED  # Spark catches up with workers
-
-
 def test_a_batch_sweep_is_not_a_throughput_finding(tmp_path):
     """kassela's suite has ps and Spark at one worker count: no scaling comparison, no row."""
     names = [f.finding for f in thesis.findings(load_suite(_sweep_suite(tmp_path, lambda b: 1e-4 + 2e-4 * b,

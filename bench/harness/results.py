@@ -175,6 +175,7 @@ def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     extra = manifest.get("extra") or {}
     row["setup_s"] = extra.get("setup_s")
     row["allreduce_alone_s"] = extra.get("allreduce_alone_s")  # allreduce systems: comm_s's reference
+    row["ps_roundtrip_alone_s"] = extra.get("ps_roundtrip_alone_s")  # the PS's: a push + pull alone
     switch = extra.get("switch") if isinstance(extra.get("switch"), dict) else {}
     row["handover_s"] = switch.get("handover_s")
     # Whether the hand-over already lies on the training clock (then it is in t_wall and the time to

@@ -115,8 +115,7 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
     with both, the echo doing a shard's arithmetic (SGD_ECHO): `sgd_echo_vs_raw` is the most a PS
     that checks and applies each gradient with numpy can reach, `vs_sgd_echo` what the PS's
     protocol and bookkeeping cost beyond it."""
-    from psbench.systems.ps.launch import Cluster
-    from psbench.systems.ps.worker import ADMIN, KVWorker
+    from psbench.systems.ps.alone import one_shard
 
     reps = reps or {1: 40, 10: 15, 100: 5}
     out: dict[str, float] = {}
@@ -124,24 +123,18 @@ def ratio_roundtrip(sizes_mb: tuple[int, ...] = (1, 10, 100), reps: dict[int, in
         for size in sizes_mb:
             shape = (size * MB // 4,)
             grad = np.ones(shape, np.float32)
-            with Cluster(1, 1, "bench") as cluster:  # a fresh shard per size: its keys have one shape
-                [address] = cluster.start_servers(["--lr", "0.0", "--momentum", "0", "--max-message-mb", "1024"])
-                with KVWorker([address], ADMIN, [shape], "bench", max_bytes=1024 * MB) as admin, \
-                        KVWorker([address], 0, [shape], "bench", max_bytes=1024 * MB) as kv:
-                    admin.init([np.zeros(shape, np.float32)])
-                    raw_t, sgd_t, ps_t = [], [], []
-                    for i in range(reps.get(size, 5) + 1):  # the first of each is a warm-up
-                        for header, times in ((b"h" * 120, raw_t), (SGD_ECHO, sgd_t)):
-                            t = time.perf_counter()
-                            raw.send_multipart([header, grad], copy=False)
-                            reply = raw.recv_multipart(copy=False)
-                            np.frombuffer(reply[1].buffer, np.float32)
-                            times.append(time.perf_counter() - t)
+            with one_shard([shape], "bench", max_bytes=1024 * MB) as kv:  # a fresh shard per size: one shape
+                raw_t, sgd_t, ps_t = [], [], []
+                for i in range(reps.get(size, 5) + 1):  # the first of each is a warm-up
+                    for header, times in ((b"h" * 120, raw_t), (SGD_ECHO, sgd_t)):
                         t = time.perf_counter()
-                        kv.push_pull([grad], i)
-                        ps_t.append(time.perf_counter() - t)
-                    admin.shutdown()
-                cluster.wait_servers()
+                        raw.send_multipart([header, grad], copy=False)
+                        reply = raw.recv_multipart(copy=False)
+                        np.frombuffer(reply[1].buffer, np.float32)
+                        times.append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    kv.push_pull([grad], i)
+                    ps_t.append(time.perf_counter() - t)
             raw_s, sgd_s, ps_s = (statistics.median(t[1:]) for t in (raw_t, sgd_t, ps_t))
             out[f"roundtrip_{size}mb"] = raw_s / ps_s
             out[f"roundtrip_{size}mb_sgd_echo_vs_raw"] = raw_s / sgd_s

@@ -24,6 +24,8 @@ from psbench.bench.report import cost_model, measures, switching, throughput_gap
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
+from psbench.bench.report.markdown import fmt_cell as _fmt, frame_strings as _frame_strings, markdown_table
+from psbench.bench.report.markdown import missing as _missing
 from psbench.bench.report.stats import CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
 from psbench.bench.harness.results import INCLUDE_LOST_FLAG, SuiteResults, load_suite, lost_left_out_line
 
@@ -203,6 +205,9 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
             # the same tensors' allreduce timed alone in the same ranks: what communication costs
             # with nothing to overlap; comm above it is contention, below it overlap
             _with_ci(row, "allreduce alone (ms)", group["allreduce_alone_s"], "median", scale=1000)
+        if "ps_roundtrip_alone_s" in group and group["ps_roundtrip_alone_s"].notna().any():
+            # a push + pull of the same tensors against one shard, alone: the PS's counterpart
+            _with_ci(row, "PS round trip alone (ms)", group["ps_roundtrip_alone_s"], "median", scale=1000)
         row["slowest ÷ median worker"] = _median(group["slowest_ratio"])
         row["bytes/step"] = _median(group["bytes_per_step"])
         first = group.iloc[0]
@@ -559,33 +564,6 @@ def _ratio(slow: Any, fast: Any) -> str:
     return f"{slow / fast:.2f}x faster" if slow >= fast else f"{fast / slow:.2f}x slower"
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _fmt(value: Any) -> str:
-    if _missing(value):
-        return "–"
-    if isinstance(value, (bool, np.bool_)):
-        return "yes" if value else "no"
-    if isinstance(value, (int, np.integer)):
-        return str(int(value))
-    if isinstance(value, (float, np.floating)):
-        v = float(value)
-        if v == 0:
-            return "0"
-        if math.isinf(v):
-            return "∞" if v > 0 else "-∞"
-        if abs(v) >= 1e6:
-            return f"{v:.3g}"
-        if abs(v) >= 1000:
-            return f"{v:,.0f}"
-        if abs(v) >= 1:
-            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
-        return f"{v:.3g}" if abs(v) >= 1e-3 else f"{v:.2e}"
-    return str(value)
-
-
 def _compact(table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Drop columns that hold one value in every row; say those values once instead."""
     if len(table) < 2:
@@ -730,10 +708,13 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "paper's setups are stated assumptions (bench/report/cost_model.py PAPER_SETUPS); the paper's "
           "smallest fraction was 1 % (100 mini-batches). The PS's prediction is per worker, without the load of "
           "141 workers on one server (the scale model's part).")
-    scaling = [g for found in throughput_gap.scaling_gaps(res).values() for g in found]
-    table("Specialised ÷ general-purpose throughput", throughput_gap.gap_table(scaling),
-          throughput_gap.GAP_RULE.capitalize() + ". Specialised: " + ", ".join(throughput_gap.SPECIALISED) +
-          "; general-purpose: " + ", ".join(throughput_gap.GENERAL_PURPOSE) + ".")
+    table("Specialised ÷ general-purpose throughput, by twins", throughput_gap.twin_table(throughput_gap.twins(res)),
+          "At each worker count a specialised system ÷ the Spark path doing the same job (mean samples/s after "
+          "warm-up, paired by seed, 95% t interval on the log ratio); the verdict's rule is in the thesis section "
+          "below.")
+    table("Each system's exchange timed alone", throughput_gap.exchange_table(res),
+          "; ".join(f"{label}: {what}" for label, _, what in throughput_gap.EXCHANGES) + ". Each run's median over "
+          "its repeats; their geometric mean over runs with a 95% t interval, n runs.")
     table("Parameter servers: ours vs peers", peers_table(res),
           "`ps` beside `ray-ps` (Ray actors as shards and workers, Ray's parameter-server example) and `rpc-ps` "
           "(torch.distributed.rpc, PyTorch's parameter-server tutorials), run alike: same workload, data shards, "
@@ -772,22 +753,6 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "code version.")
     table("Machine and versions", environment_table(res), "From the run manifests.")
     return blocks
-
-
-def _frame_strings(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.apply(lambda col: col.map(_fmt)) if len(frame) else frame
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A table in Markdown, its cells written as the report writes them (_fmt); '_(none)_' when empty.
-    The one writer: the scale model's report uses it too."""
-    if frame.empty:
-        return "_(none)_"
-    cells = _frame_strings(frame)
-    esc = lambda s: str(s).replace("|", "\\|")  # noqa: E731
-    lines = ["| " + " | ".join(esc(c) for c in cells.columns) + " |", "|" + "|".join("---" for _ in cells.columns) + "|"]
-    lines += ["| " + " | ".join(esc(v) for v in row) + " |" for _, row in cells.iterrows()]
-    return "\n".join(lines)
 
 
 def render_markdown(res: SuiteResults, blocks: list[Block]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from psbench.bench.report.document import markdown_table
+from psbench.bench.report.markdown import markdown_table
 from psbench.bench.sim import project
 from psbench.bench.sim.calibrate import calibrate_from_suites
 from psbench.bench.sim.check import GOAL_MAX, GOAL_MEDIAN, by_variant, check_suites

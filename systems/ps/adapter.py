@@ -28,6 +28,7 @@ from psbench.core.spec import RunSpec
 from psbench.systems.base import option
 from psbench.systems.common import (Prepared, configure_threads, evaluate_snapshots, evaluate_splits, flat_buffers,
                                     flat_params, prepare, record_evals, set_flat_buffers, set_flat_params, split_flat)
+from psbench.systems.ps.alone import time_push_pull_alone
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
 from psbench.systems.ps.policies import parse_consistency, parse_mitigation, parse_warmup, resolve_step
@@ -402,5 +403,9 @@ class PSSystem:
         configure_threads(1)
         prep = prepare(spec)
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
-        run_ps_phase(prep, options, recorder)
+        with PSPhase(prep, options) as phase:
+            phase.run(recorder)
+            shapes, token = phase.shapes, phase.token
         recorder.stop_clock()
+        # the exchange alone, off the clock: what a step's comm_s is compared with (the same tensors)
+        recorder.extra["ps_roundtrip_alone_s"] = time_push_pull_alone(shapes, token)
