@@ -396,7 +396,7 @@ def test_switch_verdict_is_inconclusive_when_the_seed_blocks_disagree(tmp_path):
     (finding,) = thesis.findings(res)
     assert finding.verdict == thesis.INCONCLUSIVE and "blocks disagree" in finding.decides
     assert len(finding.headline) <= thesis.SUMMARY_CELL and len(finding.decides) <= thesis.SUMMARY_CELL
-    assert "(n=8)" in finding.headline and "| seeds 10–19 |" in finding.detail and "Rule:" in finding.detail
+    assert "(n=8)" in finding.headline and "| seeds 10–19 |" in finding.detail and "Rule: " + finding.rule in thesis.render([finding])
     agree = load_suite(_own_sync_suite(tmp_path / "agree", fast_seeds=[0, 1, 2, 10, 11, 12], slow_seeds=[],
                                        ddp_phase=False))
     judged = switching.switch_verdict(agree)

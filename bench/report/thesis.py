@@ -278,7 +278,6 @@ def throughput(res: SuiteResults) -> Finding | None:
                  if not math.isnan(r.ratio.lo) and r.ratio.lo <= 1.05 and r.ratio.hi >= 0.95]
     detail = "\n\n".join(filter(None, [
         "**Twins** (samples/s after warm-up, paired by seed):\n\n" + markdown_table(tg.twin_table(found)),
-        f"**Rule.** {RULES['throughput']}.",
         ("**Spark as a launcher** (the same DDP ring, started by TorchDistributor): per step, DDP ÷ spark-torch; "
          "once, the launch's extra seconds (paired by seed)" + (
              f"; within 5 % of 1 at {len(ring_near)} of the counts that fit the cores: once running, "
@@ -373,8 +372,7 @@ def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
               f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; "
               f"{', '.join(map(str, workers))} workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
               f"also holds its async phase's processes waiting, and the PS a shard); oversubscribed: {over} of "
-              f"{len(runs)} runs.",
-              "", f"Rule: {RULES['switch']}. {SWITCH_RULE_EXTRA}"]
+              f"{len(runs)} runs."]
     return "\n".join(lines)
 
 
