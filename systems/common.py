@@ -93,9 +93,9 @@ class Prepared:
             if step >= last:
                 return
             began = time.perf_counter()
-            if x is None or not one_batch:  # one batch an epoch: its rows are the same set every epoch,
-                x, y = epoch_arrays(self.data, epoch_order(self.spec.seed, worker, epoch, shard))  # reordered
-            for start in range(0, len(shard), self.batch_size):  # only a sum's terms: gathered once
+            if x is None or not one_batch:  # one batch an epoch: the same rows every epoch, gathered once
+                x, y = epoch_arrays(self.data, epoch_order(self.spec.seed, worker, epoch, shard, self.batch_size))
+            for start in range(0, len(shard), self.batch_size):
                 if step >= last:
                     return
                 xb = torch.from_numpy(x[start:start + self.batch_size])
@@ -107,15 +107,21 @@ class Prepared:
                 began = time.perf_counter()
 
 
-def epoch_order(seed: int, worker: int, epoch: int, shard: Sequence[int]) -> np.ndarray:
-    """The training rows (global indices) of a worker's epoch in the order its steps read them:
-    the one seeded shuffle every system's batches follow (Prepared.batches, Spark's ShardBlock)."""
-    return np.random.default_rng((seed, worker, epoch)).permutation(np.asarray(shard))
+def epoch_order(seed: int, worker: int, epoch: int, shard: Sequence[int], batch_size: int) -> np.ndarray:
+    """The training rows (global indices) of a worker's epoch in the order its steps read them, the
+    one seeded shuffle every system's batches follow (Prepared.batches, Spark's ShardBlock): a
+    permutation of the shard, each batch's rows then in index order (the batch is the same set, and
+    the gather reads memory forward: ~4x faster than in random order at 800k rows here)."""
+    order = np.random.default_rng((seed, worker, epoch)).permutation(np.asarray(shard))
+    full = len(order) // batch_size * batch_size
+    order[:full].reshape(-1, batch_size).sort(axis=1)
+    order[full:].sort()
+    return order
 
 
 def epoch_arrays(data: Dataset, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """An epoch's rows gathered once, in order: each step then reads a contiguous slice of them."""
-    return data.x_train[order], data.y_train[order]
+    return np.take(data.x_train, order, axis=0), np.take(data.y_train, order, axis=0)
 
 
 def batch_tensors(data: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,13 +34,16 @@ def test_each_epoch_reads_the_shard_once_in_its_own_order():
     stream = list(prep.batches(1))
     assert len(stream) == SPEC.epochs * per_epoch
     for epoch in range(SPEC.epochs):
-        x_epoch, y_epoch = epoch_arrays(prep.data, epoch_order(SPEC.seed, 1, epoch, shard))
+        x_epoch, y_epoch = epoch_arrays(prep.data, epoch_order(SPEC.seed, 1, epoch, shard, SPEC.batch_size))
         xs = np.concatenate([x.numpy() for _, x, _ in stream[epoch * per_epoch:(epoch + 1) * per_epoch]])
         ys = np.concatenate([y.numpy() for _, _, y in stream[epoch * per_epoch:(epoch + 1) * per_epoch]])
         np.testing.assert_array_equal(xs, x_epoch)  # the epoch's order, read front to back
         np.testing.assert_array_equal(ys, y_epoch)
-    assert sorted(epoch_order(SPEC.seed, 1, 0, shard)) == sorted(shard)  # a permutation of the shard
-    assert not np.array_equal(epoch_order(SPEC.seed, 1, 0, shard), epoch_order(SPEC.seed, 1, 1, shard))
+    order = epoch_order(SPEC.seed, 1, 0, shard, SPEC.batch_size)
+    assert sorted(order) == sorted(shard)  # a permutation of the shard
+    assert not np.array_equal(order, epoch_order(SPEC.seed, 1, 1, shard, SPEC.batch_size))
+    batches = [set(order[i:i + SPEC.batch_size]) for i in range(0, len(order), SPEC.batch_size)]
+    assert len(batches) > 2 and batches != [set(b) for b in np.array_split(np.sort(shard), len(batches))]
 
 
 def test_a_step_is_a_view_of_the_epochs_array_not_a_copy():

@@ -34,7 +34,7 @@ class ShardBlock:
         epoch, pos = divmod(step, self.steps_per_epoch)
         if self.batch_size >= len(self.shard):
             epoch = 0  # one batch an epoch: Prepared.batches keeps epoch 0's order (the same rows)
-        order = epoch_order(self.seed, self.worker, epoch, self.shard)
+        order = epoch_order(self.seed, self.worker, epoch, self.shard, self.batch_size)
         local = np.searchsorted(self.sorted_idx, order[pos * self.batch_size:(pos + 1) * self.batch_size])
         return torch.from_numpy(self.x[local]), torch.from_numpy(self.y[local])
 
