@@ -26,12 +26,12 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
              acc_max: float = 0.9, tau: float = 0.3, final_noise: float = 0.0, staleness: list[int] | None = None,
              switch_at: int | None = None, shards: bool = False, target: float = 0.85,
              parts: dict[str, float] | None = None, setup_s: float = 0.5, handover_s: float | None = None,
-             conditions: dict | None = None) -> None:
+             conditions: dict | None = None, extra: dict | None = None) -> None:
     """One run of `spec.system` as a real Recorder would write it: `steps` steps per worker, each
     taking step_s; validation accuracy climbs to acc_max with time constant tau seconds. `parts`:
     the step's time breakdown as fractions of step_s (compute_s, emulated_s, comm_s, wait_s);
     setup_s the launch cost, handover_s a Strategy-Switch hand-over kept off the clock; `conditions`
-    the manifest's (the CPU plan and what the run used)."""
+    the manifest's (the CPU plan and what the run used); `extra` more of the manifest's extra."""
     rng = np.random.default_rng(zlib.crc32(spec.run_id.encode()))
     rec = Recorder(spec, target_accuracy=target)
     batch = spec.batch_size or 32
@@ -60,6 +60,7 @@ def fake_run(results_dir: Path, suite: str, spec: RunSpec, *, step_s: float, ste
         rec.shard_report = plan.report(labels, 10)
     if conditions is not None:
         rec.extra["conditions"] = conditions
+    rec.extra.update(extra or {})
     rec.t0 = T0
     rec.extra["setup_s"] = setup_s
     rec.t_end = T0 + steps * step_s * (1 + 0.02 * (spec.workers - 1))
