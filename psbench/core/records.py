@@ -64,7 +64,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
                             "a PS worker: loading the parameters its push was answered with, the server's own "
                             "update being inside that round trip, comm_s; spark-mllib: the driver's update)"),
     "data_s": ("float64", "seconds assembling this step's mini-batch from the worker's shard (an epoch's shuffle "
-                          "lands on its first step; spark-mllib-native: the sampling pass, inside its tasks)"),
+                          "lands on its first step; spark-mllib-native: empty, its sampling pass is in compute_s)"),
     "kind": ("string", "event kind: switch, handover, stall, worker_lost, ..."),
     "detail": ("string", "event details as a JSON object"),
 }
