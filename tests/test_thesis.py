@@ -363,14 +363,15 @@ def test_kassela_verdict_is_read_at_the_papers_data_per_core(tmp_path):
     assert len(found.headline) <= thesis.SUMMARY_CELL and len(found.decides) <= thesis.SUMMARY_CELL
     assert "≥ 10x" in found.decides and "| 1.1 M rows (2 w) |" in found.detail and "Rule:" in found.detail
     assert "0.0103%" in found.detail and "Conditions: real compute" in found.detail
+    ends = {workload: batches[:2] for workload, batches in PAPER_POINTS.items()}  # 100 % and 1 % suffice
     (flat,) = thesis.findings(load_suite(_paper_sweep(tmp_path / "b", lambda b: 0.002 + 1e-8 * b,
-                                                      lambda b: 0.1 + 1e-7 * b)))
+                                                      lambda b: 0.1 + 1e-7 * b, points=ends)))
     assert flat.verdict == thesis.NOT_REPRODUCED and flat.decides.count("PS upper bound") == 2
 
 
 def test_kassela_needs_both_setups_to_say_not_reproduced(tmp_path):
     """The PS does not fall at 39k rows a core, and the 1.1 M setup was not measured: inconclusive."""
-    small = {k: v for k, v in PAPER_POINTS.items() if k == "logreg-higgs-97k"}
+    small = {"logreg-higgs-97k": PAPER_POINTS["logreg-higgs-97k"][:2]}
     (found,) = thesis.findings(load_suite(_paper_sweep(tmp_path, lambda b: 0.002 + 1e-8 * b,
                                                        lambda b: 0.1 + 1e-7 * b, points=small)))
     assert found.verdict == thesis.INCONCLUSIVE and "not measured at 1 of the paper's setups" in found.decides
