@@ -51,11 +51,11 @@ def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: i
             injected_failure(step, fail_at_step, block.worker, spec.workers)
             if hold is not None:
                 hold.pause("task", step, block.worker, spec.workers)
+            clock = StepClock(pacer_for(spec.emulate_device, spec.stragglers, spec.workload, block.worker,
+                                        spec.workers, spec.seed))
             fetching = time.perf_counter()
             x, y = block.batch(step)
             clock.fetched(time.perf_counter() - fetching)
-            clock = StepClock(pacer_for(spec.emulate_device, spec.stragglers, spec.workload, block.worker,
-                                        spec.workers, spec.seed))
             loss = compute_step(model, loss_fn, x, y, clock, step)
             n = len(y)
             grad = flat_grads(model).astype(np.float64) * n
