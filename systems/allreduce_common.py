@@ -38,7 +38,7 @@ from psbench.systems.common import (Prepared, StepClock, compute_step, configure
 # "RANK:STEP": that rank raises at that step. A test hook for failure handling, off unless set.
 FAULT_ENV = "PSBENCH_INJECT_FAULT"
 STEP_FIELDS = ["worker", "step", "t_wall", "n_samples", "loss", "bytes", "compute_s", "emulated_s", "comm_s",
-               "update_s"]
+               "update_s", "data_s"]
 
 # Called on rank 0 after each evaluation with (steps done, {split: (loss, acc)}); True stops the
 # sync phase on every rank (the decision is shared by one small reduction).
@@ -254,7 +254,7 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     clock.t_start = comm.sum_floats([clock.t_start if rank == 0 else 0.0])[0]
     done = 0
     stopped = eval_point(0)
-    for step, x, y in prep.batches(rank):
+    for step, x, y in prep.batches(rank, step_clock):
         if stopped or step >= n_steps:
             break
         if fault is not None and step == fault:
@@ -272,7 +272,7 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
         t = step_clock.split()
         result.step_rows.append({"worker": rank, "step": step, "t_wall": clock.now(), "n_samples": len(y),
                                  "loss": loss, "bytes": nbytes, "compute_s": t.compute_s, "emulated_s": t.emulated_s,
-                                 "comm_s": t.comm_s, "update_s": t.update_s})
+                                 "comm_s": t.comm_s, "update_s": t.update_s, "data_s": t.data_s})
         if fired:  # the criterion: whoever continues from here evaluates this state
             stopped = True
             break

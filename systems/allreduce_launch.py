@@ -149,7 +149,7 @@ def collect(job: Path, ranks: list[int], recorder: Recorder, has_rank0: bool, st
                       "n_samples": int(r["n_samples"]), "loss": float(r["loss"]),
                       "bytes": int(r["bytes"]) if r["bytes"] else None,
                       **{c: float(r[c]) if r.get(c) else None
-                         for c in ("compute_s", "emulated_s", "comm_s", "update_s")}}
+                         for c in ("compute_s", "emulated_s", "comm_s", "update_s", "data_s")}}
                      for r in csv.DictReader(fh)]
     split_sync_wait(rows)  # an allreduce waits for the slowest rank
     recorder.add_steps(rows)

@@ -79,18 +79,49 @@ class Prepared:
         s = self.spec
         return pacer_for(s.emulate_device, s.stragglers, s.workload, worker, s.workers, s.seed)
 
-    def batches(self, worker: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """(step, x, y) over the worker's shard, reshuffled each epoch, until total_steps."""
+    def batches(self, worker: int, clock: StepClock | None = None) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(step, x, y) over the worker's shard until total_steps, as a DataLoader over a shuffled
+        array reads it: each epoch the shard's rows are gathered once in that epoch's seeded order
+        (`epoch_order`), then each step is a contiguous slice of that array, a view, no copy. A
+        `clock` is told each batch's assembly time (StepClock.fetched: the step's data_s); an
+        epoch's gather lands on its first step."""
         shard = self.plan.shards[worker]
-        step = 0
+        last = self.total_steps(worker)
+        one_batch = self.batch_size >= len(shard)  # every epoch is the same single batch
+        step, x, y = 0, None, None
         for epoch in (itertools.count() if self.spec.budget is not None else range(self.epochs)):
-            order = np.random.default_rng((self.spec.seed, worker, epoch)).permutation(shard)
-            for start in range(0, len(order), self.batch_size):
-                if step >= self.total_steps(worker):
+            if step >= last:
+                return
+            began = time.perf_counter()
+            if x is None or not one_batch:  # one batch an epoch: the same rows every epoch, gathered once
+                x, y = epoch_arrays(self.data, epoch_order(self.spec.seed, worker, epoch, shard, self.batch_size))
+            for start in range(0, len(shard), self.batch_size):
+                if step >= last:
                     return
-                idx = np.sort(order[start:start + self.batch_size])
-                yield (step, *batch_tensors(self.data, idx))
+                xb = torch.from_numpy(x[start:start + self.batch_size])
+                yb = torch.from_numpy(y[start:start + self.batch_size])
+                if clock is not None:
+                    clock.fetched(time.perf_counter() - began)
+                yield step, xb, yb
                 step += 1
+                began = time.perf_counter()
+
+
+def epoch_order(seed: int, worker: int, epoch: int, shard: Sequence[int], batch_size: int) -> np.ndarray:
+    """The training rows (global indices) of a worker's epoch in the order its steps read them, the
+    one seeded shuffle every system's batches follow (Prepared.batches, Spark's ShardBlock): a
+    permutation of the shard, each batch's rows then in index order (the batch is the same set, and
+    the gather reads memory forward: ~4x faster than in random order at 800k rows here)."""
+    order = np.random.default_rng((seed, worker, epoch)).permutation(np.asarray(shard))
+    full = len(order) // batch_size * batch_size
+    order[:full].reshape(-1, batch_size).sort(axis=1)
+    order[full:].sort()
+    return order
+
+
+def epoch_arrays(data: Dataset, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An epoch's rows gathered once, in order: each step then reads a contiguous slice of them."""
+    return np.take(data.x_train, order, axis=0), np.take(data.y_train, order, axis=0)
 
 
 def batch_tensors(data: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,6 +164,7 @@ class StepTimes:
     emulated_s: float  # the emulated device's (or a straggler's) sleep
     comm_s: float      # the rest: moving gradients and parameters (with waiting, until split off)
     update_s: float    # the optimizer step / loading the new parameters
+    data_s: float = 0.0  # assembling the step's mini-batch (before the clock's begin)
 
 
 class StepClock:
@@ -159,13 +191,20 @@ class StepClock:
         self.start = 0.0
         self.step = self.batch = 0
         self.compute_s: float | None = None
-        self.emulated_s = self.update_s = 0.0
+        self.emulated_s = self.update_s = self.data_s = 0.0
+        self._fetched_s = 0.0
         self._ready = 0
+
+    def fetched(self, seconds: float) -> None:
+        """The next step's mini-batch took `seconds` to assemble (Prepared.batches says so before
+        yielding it): that step's data_s, outside its compute and emulated device."""
+        self._fetched_s = seconds
 
     def begin(self, step: int, batch: int) -> None:
         self.start = time.perf_counter()
         self.step, self.batch = step, batch
         self.compute_s, self.emulated_s, self.update_s, self._ready = None, 0.0, 0.0, 0
+        self.data_s, self._fetched_s = self._fetched_s, 0.0
 
     def ready(self, fraction: float) -> None:
         """The gradients of `fraction` of the model are computed: sleep until the emulated device
@@ -202,11 +241,12 @@ class StepClock:
             self.update_s += time.perf_counter() - began
 
     def split(self) -> StepTimes:
-        """The step so far: compute, emulated, the rest (communication and waiting), update."""
+        """The step so far: compute, emulated, the rest (communication and waiting), update, and the
+        batch's assembly before it."""
         total = time.perf_counter() - self.start
         compute = self.compute_s if self.compute_s is not None else total - self.emulated_s - self.update_s
         rest = max(0.0, total - compute - self.emulated_s - self.update_s)
-        return StepTimes(compute, self.emulated_s, rest, self.update_s)
+        return StepTimes(compute, self.emulated_s, rest, self.update_s, self.data_s)
 
 
 def compute_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor, clock: StepClock,

@@ -117,13 +117,13 @@ class PeerWorker:
         self.params = list(self.model.parameters())
         self.buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
         self.layout = partition_keys([p.numel() for p in self.params], n_shards)
-        self.batches = self.prep.batches(worker)
         self.every, self.last = self.prep.eval_every(worker), self.prep.total_steps(worker)
         self.step_bytes = 2 * 4 * sum(p.numel() for p in self.params)  # gradients out, parameters back
         self.report = WorkerReport(worker, {c: [] for c in ROW_COLUMNS})
         self.clock = StepClock(self.prep.pacer(worker))  # the one worker step: emulated device, stragglers
-        # (step, n_samples, loss, compute_s, emulated_s, when the push left) awaiting its reply
-        self.pending: tuple[int, int, float, float, float, float] | None = None
+        self.batches = self.prep.batches(worker, self.clock)
+        # (step, n_samples, loss, compute_s, emulated_s, data_s, when the push left) awaiting its reply
+        self.pending: tuple[int, int, float, float, float, float, float] | None = None
 
     def receive(self, parts: Sequence[Sequence[Any]], staleness: int | None = None) -> None:
         loading = time.perf_counter()
@@ -134,12 +134,12 @@ class PeerWorker:
         if self.pending is None:
             return
         now, loaded = time.time(), time.perf_counter()
-        step, n_samples, loss, compute_s, emulated_s, sent = self.pending
+        step, n_samples, loss, compute_s, emulated_s, data_s, sent = self.pending
         self.pending = None
         # comm_s: push to reply (bsp: the launcher's record_run splits off the wait for the others);
         # update_s: loading the answered parameters
         values = (step, now, n_samples, loss, staleness, self.step_bytes, compute_s, emulated_s,
-                  loading - sent, 0.0, loaded - loading)
+                  loading - sent, 0.0, loaded - loading, data_s)
         for name, value in zip(ROW_COLUMNS, values, strict=True):
             self.report.rows[name].append(value)
         done = step + 1
@@ -154,7 +154,8 @@ class PeerWorker:
         if step is None:
             return None
         loss = compute_step(self.model, self.loss_fn, x, y, self.clock, step)
-        self.pending = (step, len(y), loss, self.clock.compute_s, self.clock.emulated_s, time.perf_counter())
+        self.pending = (step, len(y), loss, self.clock.compute_s, self.clock.emulated_s, self.clock.data_s,
+                        time.perf_counter())
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         return [[grads[k] for k in keys] for keys in self.layout]
 

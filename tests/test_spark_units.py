@@ -13,9 +13,9 @@ from psbench.systems.spark.session import error_line, parse_conf
 from psbench.core.errors import ConfigError
 
 
-@pytest.mark.parametrize("sharding", ["random", "stratified"])
-def test_shard_block_batches_equal_prepared_batches(sharding):
-    spec = RunSpec("spark-mllib", "mlp-digits", workers=3, batch_size=50, epochs=2, sharding=sharding)
+@pytest.mark.parametrize("sharding, batch_size", [("random", 50), ("stratified", 50), ("random", 10_000)])
+def test_shard_block_batches_equal_prepared_batches(sharding, batch_size):
+    spec = RunSpec("spark-mllib", "mlp-digits", workers=3, batch_size=batch_size, epochs=2, sharding=sharding)
     prep = prepare(spec)
     for block in (executor_shard(w, spec) for w in range(3)):  # built as an executor builds it
         for step, x, y in prep.batches(block.worker):

@@ -196,7 +196,8 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
     rows = []
     for key, group in runs.groupby(GROUP, sort=True):
         row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}  # runs with steps only (breakdown_groups)
-        for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update"),
+        for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update",
+                                                      "batch assembly"),
                              strict=True):
             _with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
             row[f"{name} (ms)"] = math.nan if row[f"{name} (ms)"] is None else row[f"{name} (ms)"]  # untold: nan
@@ -279,7 +280,7 @@ def fall_table(res: SuiteResults) -> pd.DataFrame:
                "ms/step at largest": r["largest_step_s"] * 1000, "ms/step at smallest": r["smallest_step_s"] * 1000,
                "fall ratio": f"{r['fall_ratio']:.3g} [{r['lo']:.3g}, {r['hi']:.3g}]", "n": r["n"]}
         for end in ("largest", "smallest"):
-            row[f"compute/emul/comm/wait ms at {end}"] = " / ".join(
+            row[f"compute/emul/comm/wait/update/data ms at {end}"] = " / ".join(
                 "–" if _missing(r[f"{end}_{c}"]) else f"{r[f'{end}_{c}'] * 1000:.3g}" for c in STEP_TIME_COLUMNS)
         rows.append(row)
     return pd.DataFrame(rows)

@@ -204,7 +204,8 @@ def fall_ratio(runs: pd.DataFrame, means: pd.Series) -> PairedT:
 
 
 def time_breakdown(res: SuiteResults) -> pd.DataFrame:
-    """One row per run: the median seconds per step of each part (compute, emulated, comm, wait),
+    """One row per run: the median seconds per step of each part (compute, emulated, comm, wait, update,
+    batch assembly),
     the median step interval, and the slowest worker's median step ÷ the median worker's, all after
     warm-up. Parts a system cannot tell stay nan."""
     rows = []

@@ -46,7 +46,7 @@ class WorkerReport:
 
 
 ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes", "compute_s", "emulated_s", "comm_s",
-               "wait_s", "update_s")
+               "wait_s", "update_s", "data_s")
 
 
 @dataclass

@@ -384,7 +384,8 @@ class Trainer:
         budget = prep.budget_updates(prep.batch_size * (prep.spec.workers if bsp else 1))
         deadline = prep.budget_seconds()  # --budget seconds=T on the run's clock (t0: its zero, epoch s)
 
-        def finish(step: int, n_samples: int, loss: float, flight: InFlight, times: tuple[float, float]) -> PushReply:
+        def finish(step: int, n_samples: int, loss: float, flight: InFlight,
+                   times: tuple[float, float, float]) -> PushReply:
             """Take step's reply: load the fresh parameters (update_s), record the row (and a
             snapshot). comm_s: the whole push+pull (a pipelined push: only the time blocked on its
             reply); the adapter splits off the wait for other workers under bsp/ssp."""
@@ -395,8 +396,9 @@ class Trainer:
             update = time.perf_counter() - loading
             comm = loading - blocked if self.pipeline else clock.split().comm_s - update
             t = time.time() - t0
-            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes, *times, comm, 0.0,
-                                          update), strict=True):
+            compute, emulated, data = times
+            for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes, compute, emulated,
+                                          comm, 0.0, update, data), strict=True):
                 cols[name].append(value)
             if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
                 out.snapshot_steps.append(step + 1)
@@ -406,7 +408,7 @@ class Trainer:
 
         in_flight: tuple[int, int, float, InFlight] | None = None  # pipeline: the push not yet answered
         sent, next_progress = 0, time.monotonic() + PROGRESS_EVERY_S
-        for step, x, y in itertools.islice(prep.batches(worker_id), self.start_step, None):
+        for step, x, y in itertools.islice(prep.batches(worker_id, clock), self.start_step, None):
             if self.fail_at_step is not None and step == self.fail_at_step:
                 raise RuntimeError(f"injected failure in worker {worker_id} at step {step}")
             if deadline is not None and time.time() - t0 >= deadline:
@@ -417,7 +419,7 @@ class Trainer:
                 sent, next_progress = len(cols["step"]), time.monotonic() + PROGRESS_EVERY_S
             buffer = step % len(self.grad_flats)  # pipelined: not the one of the push in flight
             loss = compute_step(self.model, self.loss_fn, x, y, clock, step, self.grad_views[buffer])
-            times = (clock.compute_s, clock.emulated_s)
+            times = (clock.compute_s, clock.emulated_s, clock.data_s)
             if self.pipeline:
                 based_on = list(kv.versions)  # the parameters these gradients were computed on
                 if in_flight is not None:

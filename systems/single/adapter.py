@@ -47,7 +47,7 @@ class SingleSystem:
 
         evaluate(0)
         step, last_eval = 0, 0
-        for step, x, y in prep.batches(0):
+        for step, x, y in prep.batches(0, clock):
             if deadline is not None and recorder.now() >= deadline:
                 step -= 1  # this batch is not trained: the last step done is the one before
                 break
@@ -56,7 +56,7 @@ class SingleSystem:
                 optimizer.step()
             t = clock.split()  # nothing moves: the rest of the step is the clock's own bookkeeping
             recorder.step(0, step, len(y), loss, staleness=None, compute_s=t.compute_s + t.comm_s,
-                          emulated_s=t.emulated_s, comm_s=0.0, wait_s=0.0, update_s=t.update_s)
+                          emulated_s=t.emulated_s, comm_s=0.0, wait_s=0.0, update_s=t.update_s, data_s=t.data_s)
             if (recorder.now() >= next_eval) if timer is not None else (step + 1) % every == 0:
                 evaluate(step + 1)
                 last_eval = step + 1

@@ -81,7 +81,9 @@ def _train_fn(plan: Plan):
             injected_failure(step, plan.fail_at_step, block.worker, plan.workers)
             if plan.hold is not None:
                 plan.hold.pause("task", step, block.worker, plan.workers)
+            fetching = time.perf_counter()
             x, y = block.batch(step)
+            clock.fetched(time.perf_counter() - fetching)
             loss = compute_step(model, loss_fn, x, y, clock, step)
             message = encode(flat_grads(model) * len(y), len(y), loss)
             t1 = time.perf_counter()
@@ -103,7 +105,8 @@ def _train_fn(plan: Plan):
             rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
                          "bytes": len(message) + sum(len(m) for m in messages),
                          "compute_s": clock.compute_s, "emulated_s": clock.emulated_s,
-                         "comm_s": t2 - t1, "allgather_s": t2 - t1, "update_s": t3 - t2})
+                         "comm_s": t2 - t1, "allgather_s": t2 - t1, "update_s": t3 - t2,
+                         "data_s": clock.data_s})
             if rank == 0 and ((step + 1) % plan.eval_every == 0 or step + 1 == plan.total_steps):
                 snapshots.append((step + 1, time.time(), flat_params(model)))
         yield {"rank": rank, "rows": rows, "snapshots": snapshots, "t_start": t_start, "t_ready": t_ready}
@@ -142,7 +145,7 @@ class SparkBarrierSystem(SparkSystem):
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
                           t_wall=to_clock(r["t_epoch"]), compute_s=r["compute_s"], emulated_s=r["emulated_s"],
-                          comm_s=r["comm_s"], wait_s=r["wait_s"], update_s=r["update_s"])
+                          comm_s=r["comm_s"], wait_s=r["wait_s"], update_s=r["update_s"], data_s=r["data_s"])
             recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
                            compute_s=r["compute_s"], allgather_s=r["allgather_s"], update_s=r["update_s"])
         rank0 = next(res for res in results if res["rank"] == 0)

@@ -37,7 +37,7 @@ def train(payload: dict[str, Any]) -> bytes | None:
     dist.barrier()
     t_ready = time.time()
     rows, snapshots = [], []
-    for step, x, y in prep.batches(rank):
+    for step, x, y in prep.batches(rank, clock):
         if step >= total:
             break
         injected_failure(step, payload["fail_at_step"], rank, world)
@@ -47,7 +47,8 @@ def train(payload: dict[str, Any]) -> bytes | None:
         t = clock.split()
         rows.append({"worker": rank, "step": step, "t_epoch": time.time(), "n_samples": len(y), "loss": loss,
                      "bytes": 2 * n_params * 4 * (world - 1) // world, "step_s": time.perf_counter() - clock.start,
-                     "compute_s": t.compute_s, "emulated_s": t.emulated_s, "comm_s": t.comm_s, "update_s": t.update_s})
+                     "compute_s": t.compute_s, "emulated_s": t.emulated_s, "comm_s": t.comm_s, "update_s": t.update_s,
+                     "data_s": t.data_s})
         if rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             snapshots.append((step + 1, time.time(), flat_params(model)))
     # Every rank ran the same step count: gather the rows as one float64 tensor (no pickled objects).
@@ -88,7 +89,7 @@ def exit_without_teardown() -> None:
 
 
 ROW_FIELDS = ("worker", "step", "t_epoch", "n_samples", "loss", "bytes", "step_s", "compute_s", "emulated_s", "comm_s",
-              "update_s")
+              "update_s", "data_s")
 _INT_FIELDS = {"worker", "step", "n_samples", "bytes"}
 
 

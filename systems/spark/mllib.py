@@ -51,14 +51,16 @@ def _gradient_fn(model_spec: ModelSpec, weights: Any, step: int, fail_at_step: i
             injected_failure(step, fail_at_step, block.worker, spec.workers)
             if hold is not None:
                 hold.pause("task", step, block.worker, spec.workers)
-            x, y = block.batch(step)
             clock = StepClock(pacer_for(spec.emulate_device, spec.stragglers, spec.workload, block.worker,
                                         spec.workers, spec.seed))
+            fetching = time.perf_counter()
+            x, y = block.batch(step)
+            clock.fetched(time.perf_counter() - fetching)
             loss = compute_step(model, loss_fn, x, y, clock, step)
             n = len(y)
             grad = flat_grads(model).astype(np.float64) * n
             yield grad, loss * n, n, [(block.worker, n, loss, time.perf_counter() - start, os.getpid(),
-                                       clock.compute_s, clock.emulated_s)]
+                                       clock.compute_s, clock.emulated_s, clock.data_s)]
     return gradient
 
 
@@ -121,12 +123,12 @@ class SparkMllibSystem(SparkSystem):
                 # Time: each task's compute and emulated sleep; waiting for the slowest task of the job;
                 # the driver's update; the rest of the step (broadcast, scheduling, task launch,
                 # treeAggregate) is what Spark spends moving the model and gradients.
-                slowest = max(r[5] + r[6] for r in rows)
-                for worker, n_w, loss_w, _, _, compute_s, emulated_s in sorted(rows):
+                slowest = max(r[5] + r[6] + r[7] for r in rows)
+                for worker, n_w, loss_w, _, _, compute_s, emulated_s, data_s in sorted(rows):
                     # down: the broadcast weights (float32); up: the partial gradient sum (float64)
                     recorder.step(worker, step, n_w, loss_w, nbytes=n_params * 4 + n_params * 8, t_wall=t_wall,
                                   compute_s=compute_s, emulated_s=emulated_s, comm_s=max(0.0, t2 - t0 - slowest),
-                                  wait_s=slowest - compute_s - emulated_s, update_s=t3 - t2)
+                                  wait_s=slowest - compute_s - emulated_s - data_s, update_s=t3 - t2, data_s=data_s)
                 if (step + 1) % every == 0:
                     with recorder.paused():
                         record_evals(recorder, step + 1, evaluate_splits(model, loss_fn, prep.data))

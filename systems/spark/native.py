@@ -18,7 +18,10 @@ Per-iteration times come from Spark's status store (the data its UI shows): ever
 job's completion time on the run's clock, the rows the iteration really drew (counted after the run
 with the same seeded sample), the slowest partition task's run time (sampling pass + gradient) as
 compute_s, and the rest of the iteration (scheduling, the final aggregate, broadcast, the driver's
-update) as comm_s. Evaluation loads the
+update) as comm_s. data_s stays empty: MLlib's `sample` is a lazy iterator that treeAggregate's
+seqOp pulls row by row in the same task, so the sampling pass and the gradient interleave per row
+with no boundary to time; both are in compute_s, and the Kassela cost model's scan term
+(bench/report/cost_model.py) separates the pass by its growth with the rows. Evaluation loads the
 trained weights into the workload's torch model and runs systems/common.py's evaluate_splits, at
 step 0 and at the end (the JVM runs all iterations in one call). An emulated device cannot pace the
 JVM's inner loop: it is not applied (the manifest's conditions say emulate_device_applied: false,

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from psbench.systems.common import Prepared
+from psbench.systems.common import Prepared, epoch_order
 
 
 @dataclass
@@ -29,11 +29,13 @@ class ShardBlock:
         return max(1, math.ceil(len(self.shard) / self.batch_size))
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mini-batch Prepared.batches(worker) yields at `step` (same seeds, same order)."""
+        """The mini-batch Prepared.batches(worker) yields at `step` (the same epoch order, the same
+        rows). A task holds its block for one step only, so it gathers that batch's rows alone."""
         epoch, pos = divmod(step, self.steps_per_epoch)
-        order = np.random.default_rng((self.seed, self.worker, epoch)).permutation(self.shard)
-        idx = np.sort(order[pos * self.batch_size:(pos + 1) * self.batch_size])
-        local = np.searchsorted(self.sorted_idx, idx)
+        if self.batch_size >= len(self.shard):
+            epoch = 0  # one batch an epoch: Prepared.batches keeps epoch 0's order (the same rows)
+        order = epoch_order(self.seed, self.worker, epoch, self.shard, self.batch_size)
+        local = np.searchsorted(self.sorted_idx, order[pos * self.batch_size:(pos + 1) * self.batch_size])
         return torch.from_numpy(self.x[local]), torch.from_numpy(self.y[local])
 
 

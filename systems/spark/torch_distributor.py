@@ -103,7 +103,7 @@ class SparkTorchSystem(SparkSystem):
         for r in rows:
             recorder.step(r["worker"], r["step"], r["n_samples"], r["loss"], nbytes=r["bytes"],
                           t_wall=to_clock(r["t_epoch"]), compute_s=r["compute_s"], emulated_s=r["emulated_s"],
-                          comm_s=r["comm_s"], wait_s=r["wait_s"], update_s=r["update_s"])
+                          comm_s=r["comm_s"], wait_s=r["wait_s"], update_s=r["update_s"], data_s=r["data_s"])
             recorder.event("spark_step", step=r["step"], worker=r["worker"], t_wall=to_clock(r["t_epoch"]),
                            step_s=r["step_s"])
         for step, t_epoch, weights in result["snapshots"]:
