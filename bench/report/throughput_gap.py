@@ -116,7 +116,7 @@ def twins(res: SuiteResults) -> list[Twin]:
                     continue
                 t = paired_log_ratio_t(a.reindex(seeds).to_numpy(), b.reindex(seeds).to_numpy())
                 sides = group[twin_names(group).isin([spec, gen])]
-                over = bool(sides["oversubscribed"].fillna(False).astype(bool).any())
+                over = bool(sides["oversubscribed"].eq(True).any())
                 found.append(Twin(workload, int(workers), spec, gen, role,
                                   float(a.reindex(seeds).mean()) if len(seeds) else math.nan,
                                   float(b.reindex(seeds).mean()) if len(seeds) else math.nan, t.interval, over))
