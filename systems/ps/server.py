@@ -35,6 +35,8 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import checkpoint, protocol
+from psbench.systems.ps.curve import secure_server
+from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.policies import (Mitigation, Policy, Request, Warmup, make_policy, parse_consistency,
                                          parse_mitigation, parse_warmup)
 
@@ -619,9 +621,10 @@ PROGRESS_EVERY_S = 1.0  # how often a launched shard tells the launcher its vers
 
 def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           max_bytes: int = protocol.DEFAULT_MAX_BYTES, control: str | None = None,
-          halt_at_version: int | None = None) -> None:
+          halt_at_version: int | None = None, curve: bool | None = None) -> None:
     """Bind a ROUTER socket and answer until a shutdown request (or the parent process dies).
-    With `control`, report readiness and then the shard's version every second (the launcher
+    Beyond loopback with a token (or with curve=True) the socket speaks CURVE (encrypted; see
+    psbench.systems.ps.curve); a frame over max_bytes drops its connection unread. With `control`, report readiness and then the shard's version every second (the launcher
     measures lost work from it). `halt_at_version` (fault injection): on reaching that version,
     report it and stop answering, so the launcher can SIGKILL this process at a known version."""
     import zmq
@@ -630,11 +633,18 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    protocol.limit_frames(sock, max_bytes)
+    encrypted = curve_wanted(host, token, curve)
+    if encrypted:
+        secure_server(sock, token)
     if port:
         sock.bind(f"tcp://{host}:{port}")
     else:
         port = sock.bind_to_random_port(f"tcp://{host}")
     print(f"ps-server shard {shard.shard_id} listening on {host}:{port}", file=sys.stderr, flush=True)
+    if encrypted:
+        print(f"ps-server shard {shard.shard_id}: CURVE-encrypted (server key from the job's token)", file=sys.stderr,
+              flush=True)
     ctl = None
     if control:
         ctl = ctx.socket(zmq.DEALER)
@@ -714,6 +724,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "address")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --bind without a token (anyone who reaches the port can train)")
+    add_curve_argument(p)
     p.add_argument("--control", help=argparse.SUPPRESS)  # the launcher's control socket
     p.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
 
@@ -780,6 +791,11 @@ def add_token_argument(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--token", help=argparse.SUPPRESS)  # caught, so that it is not taken for --token-file
 
 
+def add_curve_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--curve", action="store_true", help="encrypt with CURVE on loopback too (beyond loopback a job "
+                   "with a token is always encrypted); needs the token, from which the server key is derived")
+
+
 def token_from_args(args: argparse.Namespace) -> str | None:
     from psbench.core.errors import ConfigError
 
@@ -795,7 +811,8 @@ def read_token(path: str | None) -> str | None:
     from psbench.core.errors import ConfigError
 
     if path is None:
-        return os.environ.get(TOKEN_ENV) or None
+        token = os.environ.get(TOKEN_ENV) or None
+        return None if token is None else check_token_length(token, f"env {TOKEN_ENV}")
     try:
         mode = os.stat(path).st_mode
         lines = Path(path).read_text().splitlines()
@@ -805,7 +822,15 @@ def read_token(path: str | None) -> str | None:
         raise ConfigError(f"token file {path} is readable by other users (mode {mode & 0o777:o}): chmod 600 {path}")
     if not lines or not lines[0].strip():
         raise ConfigError(f"token file {path} is empty: its first line is the token")
-    return lines[0].strip()
+    return check_token_length(lines[0].strip(), f"token file {path}")
+
+
+def check_token_length(token: str, where: str) -> str:
+    from psbench.core.errors import ConfigError
+
+    if len(token.encode()) > protocol.MAX_TOKEN_BYTES:
+        raise ConfigError(f"{where}: the token has {len(token.encode())} bytes; allowed: 1 to {protocol.MAX_TOKEN_BYTES}")
+    return token
 
 
 def check_exposure(what: str, host: str, token: str | bool | None, insecure: bool, remedy: str = PS_REMEDY) -> None:
@@ -824,10 +849,12 @@ def main(args: argparse.Namespace) -> int:
     host, port = split_address(args.bind)
     token = token_from_args(args)
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
+    curve_wanted(host, token, True if args.curve else None)  # --curve without a token: one line, before any work
     shard = shard_from_args(args)
     watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
     with protocol.zmq_process():
-        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.halt_at_version)
+        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.halt_at_version,
+              curve=True if args.curve else None)
     return 0
 
 
