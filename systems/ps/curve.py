@@ -1,5 +1,5 @@
-"""Encryption of the PS wire where it leaves the machine: ZeroMQ's CURVE (CurveZMQ: Curve25519 key
-agreement, XSalsa20-Poly1305 boxes, a fresh session key per connection).
+"""Where the PS wire leaves the machine (`is_loopback`), and its encryption there: ZeroMQ's CURVE
+(CurveZMQ: Curve25519 key agreement, XSalsa20-Poly1305 boxes, a fresh session key per connection).
 
 A shard bound beyond loopback with a token speaks CURVE, and so does every client that connects
 to a non-loopback address with a token: the two sides decide from the address alone, so nothing
@@ -26,8 +26,6 @@ _LABEL = b"psbench ps curve server key v1"
 def wanted(host: str, token: str | None, curve: bool | None = None) -> bool:
     """CURVE on a socket bound to, or connecting to, `host`: as asked, else beyond loopback with a token."""
     if curve is None:
-        from psbench.systems.ps.server import is_loopback
-
         return token is not None and not is_loopback(host)
     if curve and token is None:
         from psbench.core.errors import ConfigError
@@ -35,6 +33,18 @@ def wanted(host: str, token: str | None, curve: bool | None = None) -> bool:
         raise ConfigError("CURVE needs the job's token (its server key is derived from it): give a token "
                           "(--token-file FILE or env PSBENCH_PS_TOKEN)")
     return curve
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost; anything else (0.0.0.0, a name, *) is reachable from elsewhere."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def address_host(address: str) -> str:

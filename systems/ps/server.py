@@ -35,7 +35,7 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import checkpoint, protocol
-from psbench.systems.ps.curve import secure_server
+from psbench.systems.ps.curve import is_loopback, secure_server  # is_loopback: every system's exposure check
 from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.policies import (Mitigation, Policy, Request, Warmup, make_policy, parse_consistency,
                                          parse_mitigation, parse_warmup)
@@ -767,18 +767,6 @@ def split_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise ConfigError(f"address '{text}' must be host:port, e.g. 127.0.0.1:5555")
     return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost; anything else (0.0.0.0, a name, *) is reachable from elsewhere."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 TOKEN_ENV = "PSBENCH_PS_TOKEN"
