@@ -15,10 +15,10 @@ costs neither a copy nor pyzmq's garbage-collector thread. Nothing is ever unpic
 acts on it, so a bad message can only produce a `ProtocolError`, never a half-applied update.
 
 Nothing is spent on a peer before it is authenticated: a receiver with a token reads the header's
-first entry from its raw bytes (`_leading_token`) and compares it before it unpacks anything, so a
+first entry from its raw bytes (`_shows_token`) and compares it before it unpacks anything, so a
 header of a million empty arrays from a peer without the token costs a few byte comparisons. What
 an authenticated or token-less peer can make a receiver unpack is bounded too: the header's size
-(`MAX_HEADER_BYTES`) and msgpack's per-container limits (`_unpack_limits`). Sockets that bind add
+(`MAX_HEADER_BYTES`) and msgpack's per-container limits (in decode). Sockets that bind add
 libzmq's own bound (`limit_frames`: ZMQ_MAXMSGSIZE), which drops a connection whose frame is over
 the limit before the frame is read into memory.
 A shard and a worker exchange the same layout every step: `decode(expect=PackedLayout)` checks
@@ -152,12 +152,12 @@ def encode(op: str, *, worker: int = -1, step: int = 0, version: int = 0, keys: 
         shapes = [list(a.shape) for a in arrays]
     if packed is not None and keys:
         extra["packed"] = True
-    header: dict[str, Any] = {"op": op, "worker": int(worker), "step": int(step), "version": int(version),
-                              "keys": [int(k) for k in keys], "dtypes": dtypes, "shapes": shapes, **extra}
-    if token is not None:
-        if len(token) > MAX_TOKEN_BYTES:
-            raise ProtocolError(f"a token has at most {MAX_TOKEN_BYTES} bytes, got {len(token)} characters")
-        header = {"token": token, **header}  # the first entry: a receiver checks it before unpacking (decode)
+    # the token is the first entry: a receiver checks it before it unpacks anything (decode)
+    header: dict[str, Any] = {"token": token, "op": op, "worker": int(worker), "step": int(step),
+                              "version": int(version), "keys": [int(k) for k in keys], "dtypes": dtypes,
+                              "shapes": shapes, **extra}
+    if token is None:
+        del header["token"]
     frames: list[Any] = [_pack(header)]
     if packed is not None:
         if keys:
@@ -186,39 +186,20 @@ def _is_uint(v: Any) -> bool:
     return type(v) is int and v >= 0  # bool is a subclass of int, not int itself
 
 
-def _leading_token(header: memoryview) -> bytes | None:
-    """The token a msgpack header carries as its first entry (a str of at most MAX_TOKEN_BYTES),
-    read from its first bytes alone, or None: nothing is unpacked for a peer that has not shown it."""
-    head = bytes(header[:_TOKEN_PEEK])
-    marker = head[0] if head else 0
+def _shows_token(header: memoryview, token: str) -> bool:
+    """The header's first entry is "token": `token`, as encode writes it, compared from the header's
+    bytes alone (in constant time): nothing is unpacked for a peer that has not shown the token."""
+    marker = header[0] if header.nbytes else 0
     at = 1 if 0x80 <= marker <= 0x8f else 3 if marker == 0xde else 5 if marker == 0xdf else 0  # fixmap, map16/32
-    if not at or head[at:at + len(_TOKEN_KEY)] != _TOKEN_KEY or len(head) < at + len(_TOKEN_KEY) + 2:
-        return None
-    at += len(_TOKEN_KEY)
-    kind = head[at]
-    if 0xa0 <= kind <= 0xbf:  # fixstr
-        n, at = kind - 0xa0, at + 1
-    elif kind == 0xd9:  # str8
-        n, at = head[at + 1], at + 2
-    else:
-        return None
-    return head[at:at + n] if at + n <= len(head) else None
+    expected = _TOKEN_ENTRIES.get(token)
+    if expected is None:  # the bytes of a "token": `token` entry (msgpack's shortest encodings, as encode's)
+        if len(_TOKEN_ENTRIES) > 8:
+            _TOKEN_ENTRIES.clear()
+        expected = _TOKEN_ENTRIES[token] = msgpack.packb("token") + msgpack.packb(token)
+    return at > 0 and hmac.compare_digest(bytes(header[at:at + len(expected)]), expected)
 
 
-MAX_TOKEN_BYTES = 255  # a msgpack str8 at most: the token is read from a header's first bytes
-_TOKEN_KEY = b"\xa5token"  # msgpack's fixstr "token"
-_TOKEN_PEEK = 5 + len(_TOKEN_KEY) + 2 + MAX_TOKEN_BYTES  # a map32 marker, the key, a str8 token
-
-
-def _unpack_limits(max_header_bytes: int) -> dict[str, int]:
-    """msgpack's per-container limits for a header of at most max_header_bytes. Its defaults grow
-    with the input (a 1 MiB header may hold a million-element array); these hold what a real header
-    carries (a shard's keys and shapes, a run's step rows, a stats map) with room to spare."""
-    return {"max_str_len": max_header_bytes, "max_bin_len": max_header_bytes, "max_ext_len": 0,
-            "max_array_len": max_header_bytes // 16, "max_map_len": max_header_bytes // 64}
-
-
-_LIMITS = _unpack_limits(MAX_HEADER_BYTES)
+_TOKEN_ENTRIES: dict[str, bytes] = {}  # a process checks one token or two: their entries, made once
 
 
 def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -239,13 +220,16 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
         raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes} bytes")
     if buffers[0].nbytes > max_header_bytes:
         raise ProtocolError(f"header of {buffers[0].nbytes} bytes exceeds {max_header_bytes} bytes")
-    if token is not None:
-        given = _leading_token(buffers[0])
-        if given is None or not hmac.compare_digest(given, token.encode()):
-            raise ProtocolError("missing or wrong token")
+    if token is not None and not _shows_token(buffers[0], token):
+        raise ProtocolError("missing or wrong token")
     try:
+        # msgpack's own limits default to the input's length (a 1 MiB header may declare a
+        # million-element array); these hold what a real header carries (a shard's keys and
+        # shapes, a run's step rows, a stats map) with room to spare. Keywords, not **: a dict
+        # unpacked per call costs a microsecond.
         header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True, use_list=True,
-                                 **(_LIMITS if max_header_bytes == MAX_HEADER_BYTES else _unpack_limits(max_header_bytes)))
+                                 max_str_len=max_header_bytes, max_bin_len=max_header_bytes,
+                                 max_array_len=max_header_bytes // 16, max_map_len=max_header_bytes // 64)
     except Exception as exc:  # msgpack raises several types for garbage (and ValueError over a limit)
         raise ProtocolError(f"header is not valid msgpack within its limits ({type(exc).__name__}: {exc!s:.80})") from None
     if type(header) is not dict:

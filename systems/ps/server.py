@@ -799,8 +799,7 @@ def read_token(path: str | None) -> str | None:
     from psbench.core.errors import ConfigError
 
     if path is None:
-        token = os.environ.get(TOKEN_ENV) or None
-        return None if token is None else check_token_length(token, f"env {TOKEN_ENV}")
+        return os.environ.get(TOKEN_ENV) or None
     try:
         mode = os.stat(path).st_mode
         lines = Path(path).read_text().splitlines()
@@ -810,15 +809,7 @@ def read_token(path: str | None) -> str | None:
         raise ConfigError(f"token file {path} is readable by other users (mode {mode & 0o777:o}): chmod 600 {path}")
     if not lines or not lines[0].strip():
         raise ConfigError(f"token file {path} is empty: its first line is the token")
-    return check_token_length(lines[0].strip(), f"token file {path}")
-
-
-def check_token_length(token: str, where: str) -> str:
-    from psbench.core.errors import ConfigError
-
-    if len(token.encode()) > protocol.MAX_TOKEN_BYTES:
-        raise ConfigError(f"{where}: the token has {len(token.encode())} bytes; allowed: 1 to {protocol.MAX_TOKEN_BYTES}")
-    return token
+    return lines[0].strip()
 
 
 def check_exposure(what: str, host: str, token: str | bool | None, insecure: bool, remedy: str = PS_REMEDY) -> None:
