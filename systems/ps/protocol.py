@@ -21,6 +21,7 @@ an authenticated or token-less peer can make a receiver unpack is bounded too: t
 (`MAX_HEADER_BYTES`) and msgpack's per-container limits (in decode). Sockets that bind add
 libzmq's own bound (`limit_frames`: ZMQ_MAXMSGSIZE), which drops a connection whose frame is over
 the limit before the frame is read into memory.
+
 A shard and a worker exchange the same layout every step: `decode(expect=PackedLayout)` checks
 such a message's keys, dtypes and shapes with a few list comparisons instead of one by one (30 %
 less of a shard's time per push of a small model), and anything else in full.

@@ -624,7 +624,8 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
           halt_at_version: int | None = None, curve: bool | None = None) -> None:
     """Bind a ROUTER socket and answer until a shutdown request (or the parent process dies).
     Beyond loopback with a token (or with curve=True) the socket speaks CURVE (encrypted; see
-    psbench.systems.ps.curve); a frame over max_bytes drops its connection unread. With `control`, report readiness and then the shard's version every second (the launcher
+    psbench.systems.ps.curve); a frame over max_bytes drops its connection unread. With
+    `control`, report readiness and then the shard's version every second (the launcher
     measures lost work from it). `halt_at_version` (fault injection): on reaching that version,
     report it and stop answering, so the launcher can SIGKILL this process at a known version."""
     import zmq
