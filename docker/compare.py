@@ -35,7 +35,8 @@ def summary(run_root: Path) -> dict:
 
 
 def run_compose(args: argparse.Namespace, out: Path) -> dict:
-    env = {**os.environ, "RESULTS_DIR": str(out), "PSBENCH_TOKEN": secrets.token_hex(16), "WORKERS": str(args.workers),
+    env = {**os.environ, "RESULTS_DIR": str(out), "PSBENCH_PS_TOKEN": secrets.token_hex(16),
+           "PSBENCH_SPARK_TOKEN": secrets.token_hex(16), "WORKERS": str(args.workers),
            "WORKLOAD": args.workload, "MAX_STEPS": str(args.max_steps), "CONSISTENCY": args.consistency,
            "JOB_ARGS": f"--epochs {args.epochs}"}
     base = [*compose_base(), "-f", str(ROOT / "docker" / "docker-compose.yml"), "-p", "psbcompare"]

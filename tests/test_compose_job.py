@@ -125,6 +125,11 @@ def test_spark_driver_beyond_loopback_needs_a_token():
     with_token = opts.driver_conf("s3cret")
     # the secret itself never goes into the conf pyspark puts on spark-submit's command line
     assert with_token["spark.authenticate"] == "true" and "s3cret" not in with_token.values()
+    # ... and authenticated means encrypted (unless spark_conf says otherwise); no secret, no crypto
+    assert with_token["spark.network.crypto.enabled"] == "true" and "spark.network.crypto.enabled" not in conf
+    assert SparkOptions(spark_conf="spark.authenticate=true").driver_conf(None)["spark.network.crypto.enabled"] == "true"
+    assert SparkOptions(spark_conf="spark.network.crypto.enabled=false").driver_conf("s")[
+        "spark.network.crypto.enabled"] == "false"
     check_driver_exposure(with_token, insecure=False)
     check_driver_exposure(SparkOptions().driver_conf(None), insecure=False)  # the default: 127.0.0.1
     # spark_conf still has the last word, and is checked the same way
@@ -141,7 +146,8 @@ def test_spark_daemon_command():
     argv, env = daemon.command(["master", "--host", "spark-master", "--port", "7077"], {"PSBENCH_SPARK_TOKEN": "t"})
     assert argv[0].endswith("spark-class") and argv[1:] == [daemon.CLASSES["master"], "--host", "spark-master",
                                                              "--port", "7077"]
-    assert env["SPARK_DAEMON_JAVA_OPTS"] == "-Dspark.authenticate=true" and env["_SPARK_AUTH_SECRET"] == "t"
+    assert env["SPARK_DAEMON_JAVA_OPTS"] == "-Dspark.authenticate=true -Dspark.network.crypto.enabled=true"
+    assert env["_SPARK_AUTH_SECRET"] == "t"
     assert not any("t" == a or "secret" in a for a in argv)
     argv, env = daemon.command(["worker", "--insecure", "spark://m:7077"], {})
     assert argv[1:] == [daemon.CLASSES["worker"], "spark://m:7077"] and "SPARK_DAEMON_JAVA_OPTS" not in env

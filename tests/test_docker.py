@@ -169,10 +169,13 @@ def test_ps_workers_scale_with_runtime_ids():
     assert flag(server, "--bind").startswith("0.0.0.0:")
 
 
-def test_token_comes_from_the_environment():
+def test_each_system_gets_its_own_secret_from_the_environment():
+    """The PS and Spark have separate secrets, and each service holds only its own system's."""
     for name, svc in SERVICES.items():
         env = svc["environment"]
-        assert env["PSBENCH_PS_TOKEN"] == env["PSBENCH_SPARK_TOKEN"] == "${PSBENCH_TOKEN:-}", name
+        own, other = ("PSBENCH_SPARK_TOKEN", "PSBENCH_PS_TOKEN") if name.startswith("spark") else \
+            ("PSBENCH_PS_TOKEN", "PSBENCH_SPARK_TOKEN")
+        assert env[own] == f"${{{own}:-}}" and other not in env, name
     # PSBENCH_INSECURE=--insecure is the only way round the token, and it reaches every exposed role
     for name in ("ps-server", "ps-job", "spark-master", "spark-worker"):
         assert "--insecure" in argv_of(name, PSBENCH_INSECURE="--insecure"), name

@@ -95,7 +95,8 @@ class Compose:
 
     def __init__(self, base: list[str], name: str, results: Path, **env: str):
         self.base, self.name, self.results = base, name, results
-        self.env = {**os.environ, "RESULTS_DIR": str(results), "PSBENCH_TOKEN": secrets.token_hex(16),
+        self.env = {**os.environ, "RESULTS_DIR": str(results), "PSBENCH_PS_TOKEN": secrets.token_hex(16),
+                    "PSBENCH_SPARK_TOKEN": secrets.token_hex(16),
                     "PSBENCH_INSECURE": "", **env}
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
@@ -179,8 +180,8 @@ def test_ps_job_runs_to_the_end(project):
 
 
 def test_server_without_token_refuses_to_listen(project):
-    """The server binds 0.0.0.0 inside its container: without PSBENCH_TOKEN it exits with one line."""
-    job = project(PSBENCH_TOKEN="")
+    """The server binds 0.0.0.0 inside its container: without PSBENCH_PS_TOKEN it exits with one line."""
+    job = project(PSBENCH_PS_TOKEN="")
     proc = job("run", "--rm", "--no-deps", "ps-server", check=False, timeout=180)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert re.search(r"psbench: error: ps-server --bind 0\.0\.0\.0:5555 binds 0\.0\.0\.0, which is reachable "
@@ -193,7 +194,7 @@ def _server_stats(job: Compose) -> dict:
 
     server = job.containers("ps-server")[0]
     ip = _run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", server]).stdout
-    with KVWorker([f"{ip.strip()}:5555"], ADMIN, [], job.env["PSBENCH_TOKEN"], timeout_s=10.0) as kv:
+    with KVWorker([f"{ip.strip()}:5555"], ADMIN, [], job.env["PSBENCH_PS_TOKEN"], timeout_s=10.0) as kv:
         return kv.stats()[0]
 
 

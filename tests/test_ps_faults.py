@@ -58,6 +58,7 @@ def test_killed_worker_is_recorded_and_training_goes_on(consistency):
     assert [r["step"] for r in rows] == list(range(6))  # its rows up to its death came with its progress reports
     assert faults_of(recorder)["lost_workers"] == {"1": "killed by SIGKILL"}
     assert recorder.summary()["lost_workers"] == [1]
+    assert recorder.extra["ps"]["phases"][-1]["wire"] == "plain"  # loopback: not encrypted (tests/test_ps_curve.py)
     shard = result.server_stats[0]
     assert shard["applied"] == 46
     if consistency.startswith("ssp"):

@@ -101,8 +101,8 @@ def counters(stats: dict) -> dict:
 
 
 def _header(**fields) -> bytes:
-    base = {"op": "push", "worker": 0, "step": 0, "version": 0, "keys": [0, 1], "dtypes": ["float32"] * 2,
-            "shapes": [list(s) for s in SHAPES], "token": TOKEN}
+    base = {"token": TOKEN, "op": "push", "worker": 0, "step": 0, "version": 0, "keys": [0, 1],  # the token first,
+            "dtypes": ["float32"] * 2, "shapes": [list(s) for s in SHAPES]}                      # as encode puts it
     base.update(fields)
     return msgpack.packb({k: v for k, v in base.items() if v is not _DROP}, use_bin_type=True)
 

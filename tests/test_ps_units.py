@@ -104,7 +104,10 @@ def test_a_message_that_only_looks_like_the_expected_layout_is_checked_in_full(f
 
 
 def good(**over):
-    header = {"op": "push", "worker": 0, "step": 0, "version": 0, "keys": [0], "dtypes": ["float32"], "shapes": [[2]]}
+    # the token, when given, is the header's first entry (as encode writes it)
+    header = {"token": over.pop("token")} if "token" in over else {}
+    header.update({"op": "push", "worker": 0, "step": 0, "version": 0, "keys": [0], "dtypes": ["float32"],
+                   "shapes": [[2]]})
     header.update(over)
     return [msgpack.packb(header), np.zeros(2, np.float32).tobytes()]
 
@@ -136,6 +139,11 @@ def test_decode_rejects_oversize_and_wrong_token():
     with pytest.raises(protocol.ProtocolError, match="wrong token"):
         protocol.decode(good(), token="secret")
     assert protocol.decode(good(token="secret"), token="secret").op == "push"
+    # the token is read from the header's first entry, before anything is unpacked: elsewhere it is missing
+    late = good()
+    late[0] = msgpack.packb({**msgpack.unpackb(late[0]), "token": "secret"})
+    with pytest.raises(protocol.ProtocolError, match="missing or wrong token"):
+        protocol.decode(late, token="secret")
 
 
 def test_no_pickle_in_ps_package():

@@ -20,6 +20,7 @@ def test_trains_mlp_digits_with_two_workers_and_records_overheads():
     assert steps == 2 * 12 * 3  # two workers' rows per step, 12 steps an epoch
     extra = rec.extra
     assert extra["spark_master"] == "local[2]" and "spark_session_start_s" in extra
+    assert extra["spark_auth"] == "loopback" and extra["spark_network_crypto"] is False  # no secret: neither
     assert extra["task_partition_bytes"] < 4096  # shards built on the executors: a task carries a worker id
     over = extra["spark_overheads"]
     for key in ("step_s_mean", "driver_job_s_mean", "job_s_mean", "task_run_s_mean", "task_python_s_mean",

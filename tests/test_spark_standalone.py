@@ -125,7 +125,7 @@ def test_spark_systems_train_on_a_standalone_cluster_across_hosts_and_an_executo
     for system, run_dir in found.items():
         extra = json.loads((run_dir / "manifest.json").read_text())["extra"]
         assert extra["spark_master"] == sc.url and extra["spark_driver"] == lab.addr(DRIVER), system
-        assert extra["spark_auth"] == "token", system
+        assert extra["spark_auth"] == "token" and extra["spark_network_crypto"] is True, system
         steps = read_table(run_dir, "steps")
         assert steps.groupby("worker")["step"].count().to_dict() == {0: 12, 1: 12}, system
         assert steps["loss"].notna().all(), system
@@ -164,5 +164,6 @@ def test_standalone_cluster_on_loopback(tmp_path: Path):
         assert run.returncode == 0, err[-3000:]
         assert watch.leaks == [] and watch.seen == set(SPARK_PROCESSES), watch
     (run_dir,) = manifests(tmp_path / "results").values()
-    assert json.loads((run_dir / "manifest.json").read_text())["extra"]["spark_master"] == sc.url
+    extra = json.loads((run_dir / "manifest.json").read_text())["extra"]
+    assert extra["spark_master"] == sc.url and extra["spark_network_crypto"] is True  # the secret turns it on
     assert len(read_table(run_dir, "steps")) == 60

@@ -1,6 +1,8 @@
 """A real Spark standalone cluster on lab hosts or on loopback: a master and N workers, each a
 `python -m psbench.systems.spark.daemon master|worker` process (Spark's own spark-class daemons),
-all sharing one authentication secret (PSBENCH_SPARK_TOKEN).
+all sharing one authentication secret (PSBENCH_SPARK_TOKEN), which also turns on Spark's network
+encryption (spark.network.crypto.enabled) on the daemons (systems/spark/daemon.py) and the driver
+(systems/spark/session.py).
 
     with NetLab(hosts=4) as lab, SparkCluster(NetnsHosts(lab=lab), master=0, workers=[1, 2]) as sc:
         lab.run(3, [python, "-m", "psbench", "run", "--system", "spark-mllib", "-np", "2",

@@ -29,6 +29,7 @@ from psbench.systems.base import option
 from psbench.systems.common import (Prepared, configure_threads, evaluate_snapshots, evaluate_splits, flat_buffers,
                                     flat_params, prepare, record_evals, set_flat_buffers, set_flat_params, split_flat)
 from psbench.systems.ps.alone import time_push_pull_alone
+from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
 from psbench.systems.ps.policies import parse_consistency, parse_mitigation, parse_warmup, resolve_step
@@ -347,6 +348,9 @@ class PSPhase:
                                    "mitigation": options.mitigation, "lr_applied": self.lr,
                                    "momentum_applied": self.server_momentum, "async_step": self.step_rule.describe(),
                                    "warmup": parse_warmup(options.warmup).describe(), "start_step": start_step,
+                                   # CURVE costs time beyond loopback (x3-4 a 1-10 MiB round trip here):
+                                   # a run across hosts says whether its wire was encrypted
+                                   "wire": "curve" if curve_wanted(options.host, self.token) else "plain",
                                    "shards": stats,
                                    "faults": {"lost_workers": {str(w): how for w, how in cluster.lost_workers.items()},
                                               "server_restarts": cluster.restarts,

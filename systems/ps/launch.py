@@ -94,6 +94,7 @@ class Cluster:
         self.ctx = zmq.Context.instance()
         self.control = self.ctx.socket(zmq.ROUTER)
         self.control.setsockopt(zmq.LINGER, 0)
+        protocol.limit_frames(self.control, protocol.DEFAULT_MAX_BYTES)
         port = self.control.bind_to_random_port("tcp://127.0.0.1")
         self.control_address = f"tcp://127.0.0.1:{port}"
         self.worker_idents: dict[int, bytes] = {}
@@ -231,7 +232,8 @@ class Cluster:
             if self.control.poll(100):
                 frames = self.control.recv_multipart(copy=False)
                 try:
-                    msg = protocol.decode(frames[1:], token=self.token, ops=protocol.CONTROL_OPS)
+                    msg = protocol.decode(frames[1:], token=self.token, ops=protocol.CONTROL_OPS,
+                                          max_header_bytes=protocol.CONTROL_HEADER_BYTES)
                 except protocol.ProtocolError as exc:  # not from our children: ignore it, keep going
                     print(f"psbench ps: ignored a bad control message: {exc}", file=sys.stderr)
                     continue

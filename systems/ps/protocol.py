@@ -1,6 +1,7 @@
 """The parameter server's wire format: one msgpack header frame, then the tensors' raw bytes.
 
-    frame 0:  msgpack map {op, worker, step, version, keys, dtypes, shapes, token?, packed?, ...}
+    frame 0:  msgpack map {token?, op, worker, step, version, keys, dtypes, shapes, packed?, ...}
+              (the token, when there is one, is the map's FIRST entry: see below)
     frame i:  the bytes of tensor i-1 (C order, dtype and shape as in the header), or, with
               packed: true, ONE frame holding every tensor's bytes back to back in header order
               (tensor fusion: a worker's gradients of a shard's keys are one contiguous slice of
@@ -10,8 +11,17 @@ Tensors are sent zero-copy (`send_multipart(copy=False)`) and read back with `np
 on the received frame buffers. A received zmq frame is ours alone: the shard may write its update
 into a gradient's frame and send that frame back by reference (`encode(..., send_as=)`), so a reply
 costs neither a copy nor pyzmq's garbage-collector thread. Nothing is ever unpickled. `decode` validates the whole message
-(size, header type, op, fields, dtype allow-list, shape vs byte length, token) before anyone
+(size, token, header type, op, fields, dtype allow-list, shape vs byte length) before anyone
 acts on it, so a bad message can only produce a `ProtocolError`, never a half-applied update.
+
+Nothing is spent on a peer before it is authenticated: a receiver with a token reads the header's
+first entry from its raw bytes (`_shows_token`) and compares it before it unpacks anything, so a
+header of a million empty arrays from a peer without the token costs a few byte comparisons. What
+an authenticated or token-less peer can make a receiver unpack is bounded too: the header's size
+(`MAX_HEADER_BYTES`) and msgpack's per-container limits (in decode). Sockets that bind add
+libzmq's own bound (`limit_frames`: ZMQ_MAXMSGSIZE), which drops a connection whose frame is over
+the limit before the frame is read into memory.
+
 A shard and a worker exchange the same layout every step: `decode(expect=PackedLayout)` checks
 such a message's keys, dtypes and shapes with a few list comparisons instead of one by one (30 %
 less of a shard's time per push of a small model), and anything else in full.
@@ -36,7 +46,13 @@ ALL_OPS = SERVER_OPS | REPLY_OPS | CONTROL_OPS
 
 ALLOWED_DTYPES = {"float32": np.dtype(np.float32)}
 DEFAULT_MAX_BYTES = 512 * 2**20
-MAX_HEADER_BYTES = 16 * 2**20  # the header holds names and small lists; a huge one is an attack
+MAX_HEADER_BYTES = 2**20  # the header holds names and small lists; a huge one is an attack
+# The launcher's control messages carry a worker's step rows (11 numbers a step) in their header:
+# a long run's fit in this (16 MiB: ~150,000 steps), checked after the token like every header.
+CONTROL_HEADER_BYTES = 16 * 2**20
+# ZMQ_MAXMSGSIZE is a message's byte limit plus this: a frame a little over the limit reaches
+# decode and gets its clear error reply; one far over it is dropped by libzmq unread.
+FRAME_ALLOWANCE = 64 * 2**10
 
 # Fields every message needs, and their types (bool is excluded from int on purpose).
 REQUIRED: dict[str, type] = {"op": str, "worker": int, "step": int, "version": int}
@@ -137,10 +153,12 @@ def encode(op: str, *, worker: int = -1, step: int = 0, version: int = 0, keys: 
         shapes = [list(a.shape) for a in arrays]
     if packed is not None and keys:
         extra["packed"] = True
-    header: dict[str, Any] = {"op": op, "worker": int(worker), "step": int(step), "version": int(version),
-                              "keys": [int(k) for k in keys], "dtypes": dtypes, "shapes": shapes, **extra}
-    if token is not None:
-        header["token"] = token
+    # the token is the first entry: a receiver checks it before it unpacks anything (decode)
+    header: dict[str, Any] = {"token": token, "op": op, "worker": int(worker), "step": int(step),
+                              "version": int(version), "keys": [int(k) for k in keys], "dtypes": dtypes,
+                              "shapes": shapes, **extra}
+    if token is None:
+        del header["token"]
     frames: list[Any] = [_pack(header)]
     if packed is not None:
         if keys:
@@ -169,12 +187,30 @@ def _is_uint(v: Any) -> bool:
     return type(v) is int and v >= 0  # bool is a subclass of int, not int itself
 
 
+def _shows_token(header: memoryview, token: str) -> bool:
+    """The header's first entry is "token": `token`, as encode writes it, compared from the header's
+    bytes alone (in constant time): nothing is unpacked for a peer that has not shown the token."""
+    marker = header[0] if header.nbytes else 0
+    at = 1 if 0x80 <= marker <= 0x8f else 3 if marker == 0xde else 5 if marker == 0xdf else 0  # fixmap, map16/32
+    expected = _TOKEN_ENTRIES.get(token)
+    if expected is None:  # the bytes of a "token": `token` entry (msgpack's shortest encodings, as encode's)
+        if len(_TOKEN_ENTRIES) > 8:
+            _TOKEN_ENTRIES.clear()
+        expected = _TOKEN_ENTRIES[token] = msgpack.packb("token") + msgpack.packb(token)
+    return at > 0 and hmac.compare_digest(bytes(header[at:at + len(expected)]), expected)
+
+
+_TOKEN_ENTRIES: dict[str, bytes] = {}  # a process checks one token or two: their entries, made once
+
+
 def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
-           ops: frozenset[str] = ALL_OPS, expect: PackedLayout | None = None) -> Message:
+           ops: frozenset[str] = ALL_OPS, expect: PackedLayout | None = None,
+           max_header_bytes: int = MAX_HEADER_BYTES) -> Message:
     """Validate and unpack a message (frames: zmq.Frame or bytes). Raises ProtocolError.
     Written for speed (every request of a step passes here): plain loops, no generators. `expect`:
     the layout the caller's peer sends every step; a message that matches it exactly skips the
-    per-tensor checks (it passes them by construction), any other is checked in full."""
+    per-tensor checks (it passes them by construction), any other is checked in full. Checked in
+    order of cost: sizes, then the token (from the header's bytes), then the unpacked header."""
     if not frames:
         raise ProtocolError("empty message (no header frame)")
     buffers = [memoryview(f) for f in frames]
@@ -183,18 +219,22 @@ def decode(frames: Sequence[Any], *, token: str | None = None, max_bytes: int = 
         total += b.nbytes
     if total > max_bytes:
         raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes} bytes")
-    if buffers[0].nbytes > MAX_HEADER_BYTES:
-        raise ProtocolError(f"header of {buffers[0].nbytes} bytes exceeds {MAX_HEADER_BYTES} bytes")
+    if buffers[0].nbytes > max_header_bytes:
+        raise ProtocolError(f"header of {buffers[0].nbytes} bytes exceeds {max_header_bytes} bytes")
+    if token is not None and not _shows_token(buffers[0], token):
+        raise ProtocolError("missing or wrong token")
     try:
-        header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises several types for garbage
-        raise ProtocolError(f"header is not valid msgpack ({type(exc).__name__})") from None
+        # msgpack's own limits default to the input's length (a 1 MiB header may declare a
+        # million-element array); these hold what a real header carries (a shard's keys and
+        # shapes, a run's step rows, a stats map) with room to spare. Keywords, not **: a dict
+        # unpacked per call costs a microsecond.
+        header = msgpack.unpackb(buffers[0], raw=False, strict_map_key=True, use_list=True,
+                                 max_str_len=max_header_bytes, max_bin_len=max_header_bytes,
+                                 max_array_len=max_header_bytes // 16, max_map_len=max_header_bytes // 64)
+    except Exception as exc:  # msgpack raises several types for garbage (and ValueError over a limit)
+        raise ProtocolError(f"header is not valid msgpack within its limits ({type(exc).__name__}: {exc!s:.80})") from None
     if type(header) is not dict:
         raise ProtocolError(f"header must be a map, got {type(header).__name__}")
-    if token is not None:
-        given = header.get("token")
-        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), token.encode()):
-            raise ProtocolError("missing or wrong token")
     for name, kind in REQUIRED.items():
         if name not in header:
             raise ProtocolError(f"header lacks required field '{name}'")
@@ -291,6 +331,15 @@ def send_frames(sock: Any, frames: Sequence[Any]) -> None:
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         sock.send(frame, _SNDMORE if i < last else 0, copy=False)
+
+
+def limit_frames(sock: Any, max_bytes: int) -> None:
+    """Bound what libzmq reads into memory for `sock` (set before it binds or connects): a peer's
+    frame over max_bytes (+ FRAME_ALLOWANCE) drops its connection before the frame is received, where
+    decode would see it only once the whole message sat in memory."""
+    import zmq
+
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_bytes) + FRAME_ALLOWANCE)
 
 
 def recv_frames(sock: Any) -> list[Any]:

@@ -36,6 +36,8 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import checkpoint, protocol
+from psbench.systems.ps.curve import is_loopback, secure_server  # is_loopback: every system's exposure check
+from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.policies import (Mitigation, Policy, Request, Warmup, make_policy, parse_consistency,
                                          parse_mitigation, parse_warmup)
 
@@ -642,9 +644,11 @@ PROGRESS_EVERY_S = 1.0  # how often a launched shard tells the launcher its vers
 
 def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           max_bytes: int = protocol.DEFAULT_MAX_BYTES, control: str | None = None,
-          halt_at_version: int | None = None) -> None:
+          halt_at_version: int | None = None, curve: bool | None = None) -> None:
     """Bind a ROUTER socket and answer until a shutdown request (or the parent process dies).
-    With `control`, report readiness and then the shard's version every second (the launcher
+    Beyond loopback with a token (or with curve=True) the socket speaks CURVE (encrypted; see
+    psbench.systems.ps.curve); a frame over max_bytes drops its connection unread. With
+    `control`, report readiness and then the shard's version every second (the launcher
     measures lost work from it). `halt_at_version` (fault injection): on reaching that version,
     report it and stop answering, so the launcher can SIGKILL this process at a known version."""
     import zmq
@@ -653,11 +657,18 @@ def serve(shard: Shard, host: str = "127.0.0.1", port: int = 0, token: str | Non
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    protocol.limit_frames(sock, max_bytes)
+    encrypted = curve_wanted(host, token, curve)
+    if encrypted:
+        secure_server(sock, token)
     if port:
         sock.bind(f"tcp://{host}:{port}")
     else:
         port = sock.bind_to_random_port(f"tcp://{host}")
     print(f"ps-server shard {shard.shard_id} listening on {host}:{port}", file=sys.stderr, flush=True)
+    if encrypted:
+        print(f"ps-server shard {shard.shard_id}: CURVE-encrypted (server key from the job's token)", file=sys.stderr,
+              flush=True)
     ctl = None
     if control:
         ctl = ctx.socket(zmq.DEALER)
@@ -737,6 +748,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           "address")
     p.add_argument("--insecure", action="store_true",
                    help="allow a non-loopback --bind without a token (anyone who reaches the port can train)")
+    add_curve_argument(p)
     p.add_argument("--control", help=argparse.SUPPRESS)  # the launcher's control socket
     p.add_argument("--log-level", default="WARNING", help=argparse.SUPPRESS)
 
@@ -781,18 +793,6 @@ def split_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost; anything else (0.0.0.0, a name, *) is reachable from elsewhere."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 TOKEN_ENV = "PSBENCH_PS_TOKEN"
 PS_REMEDY = f"give a token (--token-file FILE or env {TOKEN_ENV}), or --insecure to accept any client"
 
@@ -801,6 +801,11 @@ def add_token_argument(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--token-file", metavar="FILE", help=f"{what}: read from FILE (its first line; readable by its "
                    f"owner only), else env {TOKEN_ENV}; never a command-line value, which any local user can read")
     p.add_argument("--token", help=argparse.SUPPRESS)  # caught, so that it is not taken for --token-file
+
+
+def add_curve_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--curve", action="store_true", help="encrypt with CURVE on loopback too (beyond loopback a job "
+                   "with a token is always encrypted); needs the token, from which the server key is derived")
 
 
 def token_from_args(args: argparse.Namespace) -> str | None:
@@ -847,10 +852,12 @@ def main(args: argparse.Namespace) -> int:
     host, port = split_address(args.bind)
     token = token_from_args(args)
     check_exposure(f"ps-server --bind {args.bind}", host, token, args.insecure)
+    curve_wanted(host, token, True if args.curve else None)  # --curve without a token: one line, before any work
     shard = shard_from_args(args)
     watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
     with protocol.zmq_process():
-        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.halt_at_version)
+        serve(shard, host, port, token, int(args.max_message_mb * 2**20), args.control, args.halt_at_version,
+              curve=True if args.curve else None)
     return 0
 
 

@@ -22,8 +22,10 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import protocol
+from psbench.systems.ps.curve import address_host, secure_client
+from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.server import add_token_argument, token_from_args
+from psbench.systems.ps.server import add_curve_argument, add_token_argument, token_from_args
 
 ADMIN = -1
 PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to the launcher
@@ -55,7 +57,9 @@ class KVWorker:
 
     def __init__(self, addresses: Sequence[str], worker_id: int, shapes: Sequence[Sequence[int]],
                  token: str | None = None, timeout_s: float = 120.0, max_bytes: int = protocol.DEFAULT_MAX_BYTES,
-                 retry_s: float = 5.0):
+                 retry_s: float = 5.0, curve: bool | None = None):
+        """`curve`: None speaks CURVE to a non-loopback address when there is a token (as the shard
+        bound there does), True and False to every address."""
         import zmq
 
         self.worker_id = worker_id
@@ -87,6 +91,9 @@ class KVWorker:
         for addr in self.addresses:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 2000)
+            protocol.limit_frames(sock, max_bytes)
+            if curve_wanted(address_host(addr), token, curve):
+                secure_client(sock, token)
             sock.connect(addr if "://" in addr else f"tcp://{addr}")
             self.sockets.append(sock)
         self._rcvtimeo = [-1] * len(self.sockets)  # the receive timeout each socket has now (ms)
@@ -449,6 +456,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="this worker's index (0..workers-1), or auto: ask shard 0 for the next free one")
     add_spec_arguments(p)
     add_token_argument(p, "the job's shared token")
+    add_curve_argument(p)
     p.add_argument("--timeout-s", type=float, default=120.0, help="how long to wait for a server reply")
     p.add_argument("--out", help="write this worker's step rows here (JSON) when done; {worker} is replaced "
                                  "by the worker id (e.g. /results/w{worker}.json)")
@@ -520,8 +528,9 @@ def _main(args: argparse.Namespace) -> int:
     worker_id = parse_worker_id(args.worker_id, spec.workers)
     token = token_from_args(args)
     addresses = [a.strip() for a in args.servers.split(",") if a.strip()]
+    curve = True if args.curve else None  # None: CURVE to non-loopback shards (as they speak it)
     if worker_id is None:  # ids are handed out before the data shard (which depends on the id) loads
-        with KVWorker(addresses[:1], ADMIN, [], token, args.timeout_s, retry_s=args.retry_s) as reg:
+        with KVWorker(addresses[:1], ADMIN, [], token, args.timeout_s, retry_s=args.retry_s, curve=curve) as reg:
             worker_id = reg.register(secrets.token_hex(8))
         print(f"ps-worker: registered as worker {worker_id} of {spec.workers}", file=sys.stderr, flush=True)
     prep = prepare(spec)
@@ -533,9 +542,9 @@ def _main(args: argparse.Namespace) -> int:
     model = prep.build_model()
     shapes = [tuple(p.shape) for p in model.parameters()]
     if args.init:  # the launcher's request, made as the admin (the job's token is ours too)
-        with KVWorker(addresses, ADMIN, shapes, token, args.timeout_s, retry_s=args.retry_s) as admin:
+        with KVWorker(addresses, ADMIN, shapes, token, args.timeout_s, retry_s=args.retry_s, curve=curve) as admin:
             admin.init([p.detach().numpy() for p in model.parameters()], if_absent=True, step=args.start_step)
-    with KVWorker(addresses, worker_id, shapes, token, args.timeout_s, retry_s=args.retry_s) as kv:
+    with KVWorker(addresses, worker_id, shapes, token, args.timeout_s, retry_s=args.retry_s, curve=curve) as kv:
         del model
         init_buffers = np.load(args.init_buffers, allow_pickle=False) if args.init_buffers else None
         if args.control:

@@ -22,6 +22,7 @@ from pathlib import Path
 from psbench.core.errors import ConfigError
 
 CLASSES = {"master": "org.apache.spark.deploy.master.Master", "worker": "org.apache.spark.deploy.worker.Worker"}
+CRYPTO = "spark.network.crypto.enabled"  # AES-based encryption of RPC and block transfers, keyed by the secret
 SPARK_SECRET_ENV = "_SPARK_AUTH_SECRET"  # SecurityManager.ENV_AUTH_SECRET: read before spark.authenticate.secret
 
 
@@ -48,8 +49,10 @@ def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[s
                    "set PSBENCH_SPARK_TOKEN (the same on master, workers and driver) or pass --insecure")
     env = dict(environ)
     if token:
-        # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options: the switch, not the secret
-        env["SPARK_DAEMON_JAVA_OPTS"] = f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} -Dspark.authenticate=true".strip()
+        # spark-class adds SPARK_DAEMON_JAVA_OPTS to both daemons' JVM options: the switches, not the
+        # secret; encryption as the driver has it (session.driver_conf), else they could not talk
+        env["SPARK_DAEMON_JAVA_OPTS"] = (f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} -Dspark.authenticate=true "
+                                         f"-D{CRYPTO}=true").strip()
         env[SPARK_SECRET_ENV] = token
     return [spark_class(), CLASSES[role], *args], env
 

@@ -4,8 +4,8 @@ runs with the same master), and turning a Spark job failure into one clear line.
 
 A driver bound beyond loopback (executors on other hosts connect to it) needs a token: env
 PSBENCH_SPARK_TOKEN turns on Spark's own authentication (spark.authenticate, a shared secret the
-standalone master and workers must be given too: systems/spark/daemon.py), or the run says
-insecure=true, which its manifest records.
+standalone master and workers must be given too: systems/spark/daemon.py) and, with it, its network
+encryption (spark.network.crypto.enabled), or the run says insecure=true, which its manifest records.
 
 The secret reaches the driver's JVM through a properties file readable by this user only (spark-submit
 --properties-file, in PYSPARK_SUBMIT_ARGS), removed once the JVM is up: pyspark passes every conf
@@ -104,7 +104,12 @@ class SparkOptions:
         conf = {"spark.driver.host": self.driver_host, "spark.driver.bindAddress": self.driver_bind or self.driver_host}
         if token:
             conf["spark.authenticate"] = "true"
-        return {**conf, **parse_conf(self.spark_conf)}
+        conf = {**conf, **parse_conf(self.spark_conf)}
+        if conf.get("spark.authenticate") == "true":
+            # authenticated is not encrypted: Spark's RPC and block transfers go in the clear unless
+            # this is on (AES-GCM keyed from the same secret); spark_conf may still turn it off
+            conf.setdefault("spark.network.crypto.enabled", "true")
+        return conf
 
 
 class SparkJobFailed(RuntimeError):
@@ -441,7 +446,9 @@ def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw:
     recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
                           spark_master=session.master, spark_driver=conf["spark.driver.host"],
                           spark_auth="token" if conf.get("spark.authenticate") == "true" else
-                          "insecure" if options.insecure else "loopback")
+                          "insecure" if options.insecure else "loopback",
+                          # read back from the running JVM's conf: what the RPC really does
+                          spark_network_crypto=session.spark.conf.get("spark.network.crypto.enabled", "false") == "true")
     stop_watch()
     if not session.master.startswith("local"):
         _WATCH = ExecutorWatch(session.spark.sparkContext)
