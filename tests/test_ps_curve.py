@@ -119,7 +119,9 @@ def test_a_curve_shard_on_loopback_answers_only_curve_clients():
         [address] = cluster.start_servers(["--lr", "0.5", "--curve"])
         with KVWorker([address], ADMIN, [(3,)], token, curve=True) as admin:
             admin.init([np.ones(3, np.float32)])
-            with KVWorker([address], 0, [(3,)], token, timeout_s=1, retry_s=0.5) as plain:
+            # no resend (retry_s > timeout_s): after the failed handshake the socket has no peer, and a
+            # resend would block there
+            with KVWorker([address], 0, [(3,)], token, timeout_s=1, retry_s=10) as plain:
                 with pytest.raises(Exception, match="did not answer"):
                     plain.pull()
             with KVWorker([address], 0, [(3,)], token, curve=True) as kv:
