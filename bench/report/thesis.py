@@ -7,11 +7,12 @@ interval and a verdict by a stated rule (reproduced / not reproduced / inconclus
 - throughput: specialised systems deliver more samples/s than Spark's data-processing paths, like
   for like (the thesis' abstract): PS BSP against spark-mllib and spark-barrier, by a margin
   (bench/report/throughput_gap.py).
-- switch: Strategy-Switch reaches the target >= 1.3x sooner than synchronous all-reduce, with final
-  accuracy within 0.5 pp. Provatas et al., IEEE Access 2025; Sync-Switch (ICDCS 2021).
+- switch: Strategy-Switch reaches the target >= 1.3x sooner than its own sync system (the fastest),
+  with final accuracy within 0.5 pp. Provatas et al., IEEE Access 2025; Sync-Switch (ICDCS 2021).
 - sharding: stratified or distribution-aware shards lower the run-to-run variance of final metrics
-  (random's variance / the strategy's > 1). Provatas et al., IEEE BigData 2021: 8.48x on training
-  accuracy (CIFAR-10, k = 30), 6.11x stratified on validation (CIFAR-100 coarse), ~2x validation.
+  (random's variance / the strategy's > 1), each strategy its own finding. Provatas et al., IEEE
+  BigData 2021: 8.48x on training accuracy (CIFAR-10, k = 30), 6.11x stratified on validation
+  (CIFAR-100 coarse), ~2x validation.
 
 `psbench thesis RESULTS_DIR` writes RESULTS_DIR/thesis.md over every suite there; a suite's report
 shows the findings its own records hold.
