@@ -145,3 +145,10 @@ def test_launch_cost_and_exchanges_alone_come_from_the_records(clear):
     ring = [t for t in twins if t.role == tg.LAUNCHER]
     assert [t.workers for t in ring] == list(WORKERS) and all(abs(math.log(t.ratio.estimate)) < 0.05 for t in ring)
     assert not np.isnan([t.ratio.lo for t in tg.verdict_twins(twins)]).any()
+
+
+def test_a_suite_with_no_twin_run_on_both_sides_holds_no_throughput_finding(tmp_path):
+    """A suite that ran the PS but none of Spark's data-processing paths (the `systems` suite) is no
+    throughput design: no finding, rather than an 'inconclusive' of missing twins."""
+    res = load_suite(_suite(tmp_path, _steps(), skip=lambda system, workers: system.startswith("spark")))
+    assert thesis.throughput(measures.annotate(res)) is None

@@ -357,8 +357,8 @@ def throughput(res: SuiteResults) -> Finding | None:
 
     found = tg.twins(res)
     tested = tg.verdict_twins(found)
-    if not tested:
-        return None
+    if all(t.missing for t in tested):
+        return None  # no twin with both sides run: the suite is no throughput design (e.g. `systems`)
     verdict = REPRODUCED if tg.holds(found) else NOT_REPRODUCED if tg.fails(found) else INCONCLUSIVE
     counted = [t for t in tested if t.counted and not math.isnan(t.ratio.lo)]
     missing = [t for t in tested if t.missing]
