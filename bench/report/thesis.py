@@ -452,7 +452,7 @@ def switch(res: SuiteResults) -> Finding | None:
                      + ("" if c.in_verdict or c.never_switched == "–" else
                         " (never acted: not in the verdict)" if not c.switched else f" ({sw.variant_role(c)})"))
     verdict = {sw.HOLDS: REPRODUCED, sw.FAILS: NOT_REPRODUCED}.get(judged.outcome, INCONCLUSIVE)
-    blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items())
+    blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items()) or "none judged"
     tested = [c for c in found if c.in_verdict]
     lead = max(tested or [c for c in found if not c.map_cell] or found, key=lambda c: c.speedup.estimate)
     headline = (f"{lead.variant} vs {lead.baseline}: {_fmt_ci(lead.speedup.interval)} sooner to "
