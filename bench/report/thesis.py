@@ -122,24 +122,28 @@ def _fmt_ci(iv: Interval, unit: str = "x", digits: int = 2) -> str:
 
 
 def conditions_text(res: SuiteResults) -> str:
-    """What a finding's runs ran on, from their manifests: an emulated device or real compute, processes per
-    core (the CPU plan's processes over the usable cores) and how many runs oversubscribed the cores."""
-    devices, per_core = set(), []
+    """What a finding's runs ran on, from their manifests: an emulated device or real compute, and per
+    system its processes per core (the CPU plan's processes over the usable cores) and how many of its
+    runs oversubscribed the cores."""
+    devices: set[str] = set()
+    per_system: dict[str, list[tuple[float, bool]]] = {}
     for manifest in res.manifests.values():
-        conditions = (manifest.get("extra") or {}).get("conditions") or {}
-        device = conditions.get("emulate_device")
+        spec, cond = manifest.get("spec") or {}, ((manifest.get("extra") or {}).get("conditions") or {})
+        device = cond.get("emulate_device")
         if isinstance(device, dict):
             devices.add(f"{device.get('name')} ({device.get('step_ms', 0):g} ms a step)")
-        plan, cores = conditions.get("cpu_plan") or {}, conditions.get("cores")
-        if plan and cores:
-            per_core.append(sum(int(role.get("count", 0)) for role in plan.values()) / float(cores))
+        plan, cores = cond.get("cpu_plan") or {}, cond.get("cores")
+        procs = sum(int(v.get("count", 0)) for v in plan.values() if isinstance(v, dict))
+        per_system.setdefault(spec.get("system", "?"), []).append(
+            (procs / float(cores) if cores and procs else math.nan, cond.get("oversubscribed") is True))
     where = (f"an emulated device, {', '.join(sorted(devices))}: each step sleeps to its target, the systems' own "
              f"communication and waiting on top" if devices else "real compute (no emulated device)")
-    spread = f"{min(per_core):.1f}" + (f"–{max(per_core):.1f}" if max(per_core) > min(per_core) else "") if per_core else ""
-    crowd = f"{spread} processes a core" if per_core else "processes a core not recorded"
-    over = res.runs["oversubscribed"].eq(True) if "oversubscribed" in res.runs else pd.Series([], dtype=bool)
-    return (f"Conditions ({res.suite}, {len(res.runs)} runs): {where}; {crowd}; {int(over.sum())} of {len(res.runs)} "
-            f"runs oversubscribed the cores (CPU plan above them).")
+    parts = []
+    for system, values in sorted(per_system.items()):
+        per_core = [v for v, _ in values if not math.isnan(v)]
+        parts.append((f"{system} {max(per_core):.3g} processes a core" if per_core else f"{system} (no CPU plan)")
+                     + f", {sum(o for _, o in values)} of {len(values)} runs oversubscribed")
+    return f"Conditions: {where}; " + "; ".join(parts) + f" ({res.suite}, {len(res.runs)} runs)."
 
 
 # ---- Kassela 2019: per-mini-batch time against the mini-batch ------------------------------------
@@ -326,28 +330,8 @@ def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[st
                               f"{_iv(r['fall to 1 %'])}" + ("" if r["validated"] else " (not validated)")
                               for _, r in paper.iterrows() if r["system"] == "ps" or r["system"] in natives) + "."]
     lines += ["", f"Rule: {RULES['kassela']}. {measures.FALL_RULE}."]
-    lines += ["", "Conditions: " + _kassela_conditions(res)]
+    lines += ["", conditions_text(res)]
     return "\n".join(lines)
-
-
-def _kassela_conditions(res: SuiteResults) -> str:
-    """Real compute or an emulated device; processes per core (the CPU plan's processes ÷ cores);
-    how many runs were oversubscribed, per system."""
-    per_system: dict[str, list[tuple[float, bool]]] = {}
-    for manifest in res.manifests.values():
-        spec, cond = manifest.get("spec") or {}, ((manifest.get("extra") or {}).get("conditions") or {})
-        plan, cores = cond.get("cpu_plan") or {}, cond.get("cores")
-        procs = sum(int(v.get("count", 0)) for v in plan.values() if isinstance(v, dict))
-        per_system.setdefault(spec.get("system", "?"), []).append(
-            (procs / cores if cores and procs else math.nan, cond.get("oversubscribed") is True))
-    device = "an emulated device" if _emulated(res) else "real compute on every side (no emulated device)"
-    parts = []
-    for system, values in sorted(per_system.items()):
-        per_core = [v for v, _ in values if not math.isnan(v)]
-        over = sum(o for _, o in values)
-        parts.append(f"{system} {max(per_core):.3g} processes a core" if per_core else f"{system} (no CPU plan)")
-        parts[-1] += f", {over} of {len(values)} runs oversubscribed"
-    return device + "; " + "; ".join(parts) + "."
 
 
 # ---- specialised vs general-purpose throughput ----------------------------------------------------
