@@ -53,7 +53,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to run")
     g.add_argument("--config", type=Path, help="experiment file (TOML/YAML): a matrix of runs; other flags then ignored")
     g.add_argument("--cluster", type=Path, help="cluster file (TOML/YAML): one run placed on hosts (bench/lab/cluster.py)")
-    g.add_argument("--dry-run", action="store_true", help="with --cluster: print each role's command, run nothing")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print each run's plan (its cores; done or to run), or with --cluster each role's command; "
+                        "run nothing")
     g.add_argument("--system", help="system adapter (see `psbench list`)")
     g.add_argument("--workload", help="workload name (see `psbench list`)")
     g.add_argument("-np", "--workers", type=int, default=defaults.workers, help="number of worker processes (default 1)")
@@ -177,7 +179,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # would), with a warning and the plan in its manifest; a suite refuses unless allowed.
     allow = args.allow_oversubscribe or args.config is None or experiment.allow_oversubscribe
     results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,
-                      allow_oversubscribe=allow, record_format=args.record_format)
+                      allow_oversubscribe=allow, record_format=args.record_format, dry_run=args.dry_run)
+    if args.dry_run:
+        return 0
     _print_summaries([r for r in results if r is not None])
     print(f"results: {Path(args.results_dir) / suite}")
     _track(args, Path(args.results_dir) / suite, results)

@@ -4,11 +4,12 @@
 # 76 min with Horovod's build, the extras 37 min, the documents 4 min: measured for 02e06e8).
 # Every step resumes: a complete run (its manifest) is never rerun.
 #
-#   bash bench/regen_reference.sh COMMIT CLONE OUT [powered|all]
+#   bash bench/regen_reference.sh COMMIT CLONE OUT [powered|bench|all]
 #
 # COMMIT  the commit every run comes from; CLONE a clean clone of it (made here if missing, with its
 #         own `make setup`); OUT the results folder. `powered` runs the powered sharding design only
-#         (bench/experiments/extra/sharding_powered.toml); `all` (default) runs it, then make bench,
+#         (bench/experiments/extra/sharding_powered.toml); `bench` everything else (make bench, timed,
+#         the extras, the documents; a later `powered` adds the powered design); `all` (default) runs it, then make bench,
 #         the two extras the findings need, and the documents: the kassela report (checked against
 #         10 M rows), the powered suite slimmed (`psbench slim --keep-seeds 5`) and reported,
 #         thesis.md, the scale model.
@@ -17,11 +18,12 @@
 # stretch copies it into OUT first, so its runs count as done.
 # The machine must be otherwise quiet: asynchronous runs' interleavings are what the study measures.
 set -euo pipefail
-commit=${1:?usage: regen_reference.sh COMMIT CLONE OUT [powered|all]}
-clone=${2:?usage: regen_reference.sh COMMIT CLONE OUT [powered|all]}
-out=${3:?usage: regen_reference.sh COMMIT CLONE OUT [powered|all]}
+usage="usage: regen_reference.sh COMMIT CLONE OUT [powered|bench|all]"
+commit=${1:?$usage}
+clone=${2:?$usage}
+out=${3:?$usage}
 what=${4:-all}
-case $what in powered|all) ;; *) echo "regen_reference.sh: '$what': give powered or all" >&2; exit 2;; esac
+case $what in powered|bench|all) ;; *) echo "regen_reference.sh: '$what': give powered, bench or all" >&2; exit 2;; esac
 here=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 out=$(realpath -m "$out")
 
@@ -54,10 +56,12 @@ done
 cd "$clone"
 stamp() { echo "regen $(date -u +%FT%TZ) $*"; }
 make setup
-stamp "powered design start"
-.venv/bin/psbench run --config bench/experiments/extra/sharding_powered.toml --results-dir "$out" --no-progress
-stamp "powered design done"
-[ "$what" = powered ] && exit 0
+if [ "$what" != bench ]; then
+  stamp "powered design start"
+  .venv/bin/psbench run --config bench/experiments/extra/sharding_powered.toml --results-dir "$out" --no-progress
+  stamp "powered design done"
+  [ "$what" = powered ] && exit 0
+fi
 
 stamp "make bench start"
 make bench RESULTS="$out"
@@ -66,8 +70,10 @@ stamp "make bench done; extras start"
   bench/experiments/extra/kassela_10m.toml bench/experiments/extra/throughput.toml
 stamp "extras done"
 .venv/bin/psbench report "$out/kassela"
-.venv/bin/psbench slim "$out/sharding-powered" --keep-seeds 5
-.venv/bin/psbench report "$out/sharding-powered"
+if [ -d "$out/sharding-powered" ]; then
+  .venv/bin/psbench slim "$out/sharding-powered" --keep-seeds 5
+  .venv/bin/psbench report "$out/sharding-powered"
+fi
 .venv/bin/psbench thesis "$out"
 .venv/bin/psbench simulate --from "$out" --out "$out/simulate"
 stamp "documents done"

@@ -267,3 +267,22 @@ def test_a_suite_refuses_an_oversubscribed_run_unless_allowed(monkeypatch, capsy
     assert len(err) == 1 and err[0].startswith("psbench: error:") and "--allow-oversubscribe" in err[0]
     assert not any(tmp_path.rglob("manifest.json"))
     assert cli.main([*args, "--allow-oversubscribe"]) == 0 and len(list(tmp_path.rglob("manifest.json"))) == 1
+
+
+def test_a_dry_run_prints_each_runs_plan_and_runs_nothing(monkeypatch, capsys, tmp_path):
+    """`psbench run --config X --dry-run`: one line a run (done or to run, its cores), nothing run."""
+    monkeypatch.setenv(CORES_ENV, "0.5")
+    experiment = tmp_path / "x.toml"
+    experiment.write_text('suite = "x"\nallow_oversubscribe = true\n[matrix]\nsystem = ["single"]\n'
+                          'workload = ["mlp-digits"]\nseed = [0, 1]\n[settings]\nmax_steps = 5\n')
+    args = ["run", "--config", str(experiment), "--results-dir", str(tmp_path / "r"), "--no-progress"]
+    assert cli.main([*args, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert not (tmp_path / "r").exists()
+    assert len(lines) == 3 and all(" to run  1.00 of 0.5 cores, oversubscribed: 1 workers x 1.00" in line
+                                   for line in lines[:2])
+    assert lines[2] == f"2 of 2 run(s) of suite 'x' to run in {tmp_path / 'r' / 'x'} (a dry run: nothing ran)"
+    assert cli.main(args) == 0  # run them: a dry run then says done
+    capsys.readouterr()
+    assert cli.main([*args, "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("0 of 2 run(s)")

@@ -438,22 +438,24 @@ def _sweep_suite(root: Path, ps_cost, spark_cost, emulate: str | None = None, se
     return root / suite
 
 
-# Kassela's two setups as data per core on 2 workers (39k: 141 x 2-vCPU VMs; 1.1 M: 5 nodes), each
+# Kassela's two setups as data per core on one worker (39k: 141 x 2-vCPU VMs; 1.1 M: 5 nodes), each
 # at 100 %, 1 % and 0.01 % of its rows (batch sizes per worker)
-PAPER_POINTS = {"logreg-higgs-97k": (39_000, 390, 4), "logreg-higgs-2750k": (1_100_000, 11_000, 110)}
+PAPER_POINTS = {"logreg-higgs-49k": (39_000, 390, 4), "logreg-higgs-1375k": (1_100_000, 11_000, 110)}
 AWAY_POINT = {"logreg-higgs-1m": (400_000, 4000, 40)}  # 400k rows a core: no paper setup's
 
 
 def _paper_sweep(root: Path, ps_cost, spark_cost, points=PAPER_POINTS, suite: str = "kassela",
-                 seeds=range(3)) -> Path:
+                 seeds=range(3), workers: int = 1, oversubscribed: bool = False) -> Path:
     """ps and Spark's native trainer at each point's batch sizes, 3 seeds: each run's step time from
-    its cost line (seconds for a batch), 1 % apart between seeds; the fraction in the manifest."""
+    its cost line (seconds for a batch), 1 % apart between seeds; the fraction in the manifest.
+    Data per core is each point's rows over `workers` (the workload's rows split between them)."""
     for workload, batches in points.items():
         for seed in seeds:
             for system, cost in (("ps", ps_cost), ("spark-mllib-native", spark_cost)):
                 for batch in batches:
-                    spec = RunSpec(system, workload, workers=2, seed=seed, batch_size=batch)
+                    spec = RunSpec(system, workload, workers=workers, seed=seed, batch_size=batch // workers)
                     fake_run(root, suite, spec, step_s=cost(batch) * (1 + 0.01 * seed),
+                             conditions={"oversubscribed": oversubscribed},
                              extra={"mini_batch_fraction": batch / batches[0]})
     return root / suite
 
@@ -466,7 +468,7 @@ def test_kassela_verdict_is_read_at_the_papers_data_per_core(tmp_path):
     assert found.verdict == thesis.REPRODUCED
     assert "39k rows/core: PS" in found.headline and "(100 → 1 %, n=3)" in found.headline
     assert len(found.headline) <= thesis.SUMMARY_CELL and len(found.decides) <= thesis.SUMMARY_CELL
-    assert "≥ 10x" in found.decides and "| 1.1 M rows (2 w) |" in found.detail and "Rule:" in found.detail
+    assert "≥ 10x" in found.decides and "| 1.1 M rows (1 w) |" in found.detail and "Rule:" in found.detail
     assert "0.0103%" in found.detail and "Conditions: real compute" in found.detail
     ends = {workload: batches[:2] for workload, batches in PAPER_POINTS.items()}  # 100 % and 1 % suffice
     (flat,) = thesis.findings(load_suite(_paper_sweep(tmp_path / "b", lambda b: 0.002 + 1e-8 * b,
@@ -476,10 +478,23 @@ def test_kassela_verdict_is_read_at_the_papers_data_per_core(tmp_path):
 
 def test_kassela_needs_both_setups_to_say_not_reproduced(tmp_path):
     """The PS does not fall at 39k rows a core, and the 1.1 M setup was not measured: inconclusive."""
-    small = {"logreg-higgs-97k": PAPER_POINTS["logreg-higgs-97k"][:2]}
+    small = {"logreg-higgs-49k": PAPER_POINTS["logreg-higgs-49k"][:2]}
     (found,) = thesis.findings(load_suite(_paper_sweep(tmp_path, lambda b: 0.002 + 1e-8 * b,
                                                        lambda b: 0.1 + 1e-7 * b, points=small)))
     assert found.verdict == thesis.INCONCLUSIVE and "not measured at 1 of the paper's setups" in found.decides
+
+
+def test_oversubscribed_runs_at_the_papers_data_per_core_are_shown_never_counted(tmp_path):
+    """The same falls as a reproduction, but every run oversubscribed the cores (two PS workers and
+    their shard on two cores): the table shows them, flagged; the verdict has nothing to stand on."""
+    (found,) = thesis.findings(load_suite(_paper_sweep(tmp_path, lambda b: 1e-4 + 2e-6 * b,
+                                                       lambda b: 0.1 + 1e-7 * b, oversubscribed=True)))
+    assert found.verdict == thesis.INCONCLUSIVE
+    assert "only runs that oversubscribed the cores" in found.headline
+    assert "| 39k rows (1 w, oversubscribed: not counted) |" in found.detail
+    (fits,) = thesis.findings(load_suite(_paper_sweep(tmp_path / "b", lambda b: 1e-4 + 2e-6 * b,
+                                                      lambda b: 0.1 + 1e-7 * b)))
+    assert fits.verdict == thesis.REPRODUCED and "oversubscribed: not counted" not in fits.detail
 
 
 def test_a_model_projection_alone_never_gives_not_reproduced(tmp_path):

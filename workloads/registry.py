@@ -61,14 +61,14 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              description="logistic regression on 1 M HIGGS-shaped rows (mini-batch 100 %..0.01 %: Kassela 2019)"),
     Workload("logreg-higgs-10m", "higgs-10m", "logreg", OptimizerSettings(0.5, 0.0), 4000, 1, 0.70,
              description="logistic regression on 10 M HIGGS-shaped rows (the Kassela cost model's second size)"),
-    # ... and at Kassela's own data per core on 2 workers: 39k training rows a core (141 VMs x 2 vCPU)
-    # and 1.1 M (5 nodes), the same generator as higgs-1m
-    Workload("logreg-higgs-97k", "higgs-97k", "logreg", OptimizerSettings(0.5, 0.0), 390, 1, 0.70,
-             description="logistic regression on 97,500 HIGGS-shaped rows: 39k training rows a core on 2 workers "
-                         "(Kassela 2019's 141 x 2-vCPU VMs)"),
-    Workload("logreg-higgs-2750k", "higgs-2750k", "logreg", OptimizerSettings(0.5, 0.0), 11000, 1, 0.70,
-             description="logistic regression on 2.75 M HIGGS-shaped rows: 1.1 M training rows a core on 2 "
-                         "workers (Kassela 2019's 5 nodes)"),
+    # ... and at Kassela's own data per core on one worker (one core, so the PS's shard fits beside it):
+    # 39k training rows (141 VMs x 2 vCPU) and 1.1 M (5 nodes), the same generator as higgs-1m
+    Workload("logreg-higgs-49k", "higgs-49k", "logreg", OptimizerSettings(0.5, 0.0), 390, 1, 0.70,
+             description="logistic regression on 48,750 HIGGS-shaped rows: 39k training rows on one worker "
+                         "(Kassela 2019's rows a core on its 141 x 2-vCPU VMs)"),
+    Workload("logreg-higgs-1375k", "higgs-1375k", "logreg", OptimizerSettings(0.5, 0.0), 11000, 1, 0.70,
+             description="logistic regression on 1.375 M HIGGS-shaped rows: 1.1 M training rows on one worker "
+                         "(Kassela 2019's rows a core on its 5 nodes)"),
     Workload("mlp-higgs-1m", "higgs-1m", "mlp", OptimizerSettings(0.5, 0.0), 400, 1, 0.70,
              model_options={"hidden": (15, 15), "activation": "sigmoid"},
              description="the thesis' 28-15-15-2 sigmoid MLP on 1 M HIGGS-shaped rows (Kassela 2019)"),

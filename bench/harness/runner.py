@@ -389,9 +389,11 @@ def failure_kept(exc: BaseException, results_dir: Path, suite: str, run_id: str)
 
 def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = True,
             progress: bool = True, skip_unavailable: bool = False,
-            allow_oversubscribe: bool = False, record_format: str = DEFAULT_FORMAT) -> list[RunResult | None]:
+            allow_oversubscribe: bool = False, record_format: str = DEFAULT_FORMAT,
+            dry_run: bool = False) -> list[RunResult | None]:
     """Validate all, then run each spec not already complete; returns results (None = skipped).
-    Record tables are written as `record_format` (parquet or csv)."""
+    Record tables are written as `record_format` (parquet or csv). `dry_run`: print each run's plan
+    (its cores, done or to run) and run nothing."""
     planned: list[PlannedRun | None] = []
     with planning_pass():
         for spec in specs:
@@ -403,6 +405,10 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
                     planned.append(None)
                 else:
                     raise
+    if dry_run:
+        for line in plan_lines(planned, results_dir, suite):
+            print(line)
+        return []
     clean_staging(results_dir, suite)
     todo = [p for p in planned if p is not None and not (resume and is_complete(results_dir, suite, p.spec))]
     skipped = sum(1 for p in planned if p is not None) - len(todo)
@@ -419,6 +425,24 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
     if bar is not None:
         bar.close()
     return results
+
+
+def plan_lines(planned: list[PlannedRun | None], results_dir: Path, suite: str) -> list[str]:
+    """One line a run: its id, whether it is done (resume) or to run, its cores' plan."""
+    lines, todo = [], 0
+    for p in planned:
+        if p is None:
+            continue
+        done = is_complete(results_dir, suite, p.spec)
+        todo += not done
+        c = p.conditions
+        crowded = ", oversubscribed" if c.get("oversubscribed") else ""
+        lines.append(f"{p.spec.run_id}  {'done' if done else 'to run'}  "
+                     f"{c.get('cpu_demand', float('nan')):.2f} of {c.get('cores', '?')} cores{crowded}: "
+                     f"{plan_text(c.get('cpu_plan') or {})}")
+    lines.append(f"{todo} of {len(lines)} run(s) of suite '{suite}' to run in {Path(results_dir) / suite} "
+                 "(a dry run: nothing ran)")
+    return lines
 
 
 def _progress(total: int, suite: str):

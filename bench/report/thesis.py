@@ -70,7 +70,7 @@ RULES = {
                f"{SPARK_FALL_MAX:g}x; not reproduced if at each of them the PS's interval lies below {PS_FALL_MIN:g}x "
                f"or every Spark variant's above {SPARK_FALL_MAX:g}x; else inconclusive. The fall to 0.01 % and the "
                f"cost model's projections are shown, never the verdict; an emulated device is inconclusive by "
-               f"construction",
+               f"construction; runs that oversubscribed the cores are shown, never counted",
     "throughput": throughput_gap.TWIN_RULE,  # stated where it is computed
     "switch": f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
               f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its final "
@@ -174,6 +174,7 @@ class KasselaFall:
     tested: Interval | None  # fall to ~1 % (None: no batch near 1 %)
     shown: Interval          # fall to the suite's smallest fraction
     ms: tuple[float, float]  # mean ms per mini-batch at the largest and the tested smallest (else the smallest)
+    oversubscribed: bool = False  # any of its runs oversubscribed the cores: shown, never in the verdict
 
 
 def _paper_setup(rows_per_core: float) -> str | None:
@@ -216,7 +217,8 @@ def kassela_falls(res: SuiteResults) -> list[KasselaFall]:
                                (float(by_batch[largest]), float(by_batch[small]) if near else math.nan,
                                 float(by_batch.min())),
                                Interval(tested.n, tested.estimate, tested.lo, tested.hi) if tested else None,
-                               Interval(shown.n, shown.estimate, shown.lo, shown.hi), ms))
+                               Interval(shown.n, shown.estimate, shown.lo, shown.hi), ms,
+                               bool(group["oversubscribed"].eq(True).any()) if "oversubscribed" in group else False))
     return out
 
 
@@ -240,10 +242,11 @@ def kassela(res: SuiteResults) -> Finding | None:
     if res.suite in cost_model.CHECK_SUITES.values():
         return None  # a check suite's falls are shown in the suite it checks, not a second verdict
     every = kassela_falls(res)
-    falls = [f for f in every if f.tested is not None]
+    shown = [f for f in every if f.tested is not None]
     natives = _native_labels(res)
-    if not any(f.system == "ps" for f in falls) or not any(f.label in natives for f in falls):
+    if not any(f.system == "ps" for f in shown) or not any(f.label in natives for f in shown):
         return None
+    falls = [f for f in shown if not f.oversubscribed]  # a verdict holds without oversubscribed runs
     name = "per-mini-batch time falls with the mini-batch for the PS, not for Spark MLlib"
     if _emulated(res):
         text = ("an emulated device paces one side and not the other: the fall is the device profile's, not the "
@@ -289,9 +292,15 @@ def kassela(res: SuiteResults) -> Finding | None:
         missing = sorted(all_setups - set(points))
         decides = _cell("; ".join(why) + ("" if verdict != INCONCLUSIVE or not missing else
                                           f"; not measured at {len(missing)} of the paper's setups"))
+    elif any(f.setup is not None for f in shown if f.oversubscribed):
+        headline = _cell("at the paper's data per core only runs that oversubscribed the cores: "
+                         + ", ".join(sorted({_per_core(f.rows_per_core) for f in shown if f.oversubscribed}))
+                         + " rows a core (shown, not counted)")
+        decides = _cell("no run at a paper setup's data per core that fits the cores; a verdict holds without "
+                        "oversubscribed runs")
     else:
         headline = _cell("not measured at the paper's data per core (39k or 1.1 M rows a core); measured at "
-                         + ", ".join(sorted({_per_core(f.rows_per_core) for f in falls})) + " rows a core")
+                         + ", ".join(sorted({_per_core(f.rows_per_core) for f in shown})) + " rows a core")
         decides = _cell("no measurement at a paper setup's data per core (within "
                         f"{PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a verdict")
     detail = _kassela_detail(res, every, natives)
@@ -309,7 +318,8 @@ def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[st
     for f in sorted(falls, key=lambda f: (f.rows_per_core, f.label != "ps", f.label not in natives, f.label)):
         if f.tested is None:
             continue
-        lines.append(f"| {_per_core(f.rows_per_core)} rows ({f.workers} w) | {f.setup or '—'} | {f.label} | "
+        crowded = ", oversubscribed: not counted" if f.oversubscribed else ""
+        lines.append(f"| {_per_core(f.rows_per_core)} rows ({f.workers} w{crowded}) | {f.setup or '—'} | {f.label} | "
                      f"{f.fractions[0]:.0%} → {f.fractions[1]:.2%}: {_iv(f.tested)} | {f.tested.n} | "
                      f"{f.ms[0]:.3g} / {f.ms[1]:.3g} | {f.fractions[2]:.4%}: {_iv(f.shown)} |")
     check = cost_model.check_suite(res)
