@@ -37,7 +37,7 @@ if [ -n "$(git -C "$clone" status --porcelain --untracked-files=no)" ]; then
 fi
 mkdir -p "$out"
 staged="$here/results/reference-next/sharding-powered"
-if [ -d "$staged" ]; then  # runs of COMMIT committed by an earlier stretch (slimmed): done, not rerun
+if [ -d "$staged" ] && [ "$what" != bench ]; then  # runs of COMMIT committed by an earlier stretch (slimmed): done, not rerun
   mkdir -p "$out/sharding-powered"
   for run in "$staged"/*/; do
     name=$(basename "$run")
