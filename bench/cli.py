@@ -36,6 +36,8 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
                        "sparse neighbourhoods per k and random shards' class mix"),
     "slim": ("psbench.bench.harness.slim", "drop a suite's per-step records but for the runs of its first N seeds "
              "(the rest of every run kept), so a results folder stays small enough to commit"),
+    "pack": ("psbench.bench.harness.pack", "pack a suite's run folders into one compressed table a kind "
+             "(<suite>/records/), checked to read back the same; every reader takes either form"),
     "ps-job": ("psbench.bench.lab.compose_job", "finish a PS job run elsewhere (docker compose): wait for the workers' "
                "bye, fetch, shut the servers down, write one run folder"),
 }

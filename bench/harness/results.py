@@ -1,12 +1,12 @@
 """Read a suite folder results/<suite>/ back into pandas frames, for plots, reports and tables.
 
-A suite folder holds one directory per run (the layout bench.records writes) plus what the
-report writes (plots/, report.md, report.html). Anything else, or a run whose files do not
-parse, is a ConfigError naming the file: a report built on half-read data would mislead.
+A suite folder holds one directory per run (the layout bench.records writes), or its runs packed
+in records/ (bench/harness/store.py), or both, plus what the report writes (plots/, report.md,
+report.html). Anything else, or a run whose files do not parse, is a ConfigError naming the
+file: a report built on half-read data would mislead.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,10 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from psbench.bench.harness.schema import check_manifest
+from psbench.bench.harness import store
 from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
-from psbench.core.tables import read_table_file, steps_kept as holds_steps, table_files
 
 # written into a suite folder beside its runs: by bench.report, and by `psbench netlab bench` (its table and plot)
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json", "bandwidth.csv", "bandwidth.png"}
@@ -69,39 +68,25 @@ def load_suite(path: Path | str, include_lost: bool = False) -> SuiteResults:
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"results folder {path} does not exist (give results/<suite>)")
-    run_dirs: list[Path] = []
-    for entry in sorted(path.iterdir()):
-        if entry.name.startswith(".") or entry.name in NOT_RUNS:
-            continue  # staging/old run dirs, atomic-write temp files, our own outputs
-        if entry.is_dir() and (entry / "manifest.json").is_file():
-            run_dirs.append(entry)
-        elif entry.is_dir() and any(child.is_dir() and (child / "manifest.json").is_file()
-                                    for child in entry.iterdir()):
-            raise ConfigError(f"{path} looks like a results root ({entry.name}/ is a suite); "
-                              f"give one suite folder, e.g. {entry}")
-        else:
-            raise ConfigError(f"{entry}: not a psbench run folder (no manifest.json); a suite folder holds only "
-                              f"run folders and {', '.join(sorted(REPORT_OUTPUTS))}")
-    if not run_dirs:
-        raise ConfigError(f"{path} holds no completed runs (no <run>/manifest.json)")
+    records = store.suite_records(path, NOT_RUNS)
+    if not records:
+        raise ConfigError(f"{path} holds no completed runs (no <run>/manifest.json, no {store.PACKED_DIR}/)")
 
     manifests: dict[str, dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in TABLES}
     shard_rows: list[dict[str, Any]] = []
     steps_kept: dict[str, bool] = {}
-    for run_dir in run_dirs:
-        manifest = _read_manifest(run_dir / "manifest.json")
+    for rec in records:
+        manifest = rec.manifest  # checked against the schema as it was read (store.py)
         run_id = manifest["run_id"]
-        if run_id in manifests:
-            raise ConfigError(f"{run_dir / 'manifest.json'}: run_id {run_id} appears twice in {path}")
         manifests[run_id] = manifest
-        rows.append(_run_row(manifest, run_dir))
-        steps_kept[run_id] = holds_steps(run_dir)
-        for name, file in table_files(run_dir).items():  # Parquet or CSV, whichever the run wrote
-            frames[name].append(_read_table(file, run_id))
-        if (run_dir / "shards.json").is_file():
-            shard_rows.extend(_shard_rows(run_dir / "shards.json", run_id))
+        rows.append(_run_row(manifest, rec.where))
+        steps_kept[run_id] = rec.steps_kept
+        for name, frame in rec.tables.items():
+            frames[name].append(_checked_rows(frame, rec.where / f"{name}", run_id))
+        if rec.shards is not None:
+            shard_rows.extend(_shard_rows(rec.shards, rec.where / "shards.json", run_id))
 
     runs = pd.DataFrame(rows)
     runs = _fill_defaults(runs)
@@ -152,14 +137,6 @@ def lost_left_out_line(n_runs: int, where: str) -> str:
 
 # ---- reading one run ---------------------------------------------------------------------
 
-def _read_manifest(file: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: corrupt manifest, not valid JSON ({exc})") from None
-    return check_manifest(manifest, file)
-
-
 def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     spec = manifest["spec"]
     row: dict[str, Any] = {"run_id": manifest["run_id"], "dir": str(run_dir)}
@@ -200,21 +177,19 @@ def conditions_label(emulate_device: str | None, stragglers: str | None) -> str:
     return ", ".join(p for p in parts if p) or "native"
 
 
-def _read_table(file: Path, run_id: str) -> pd.DataFrame:
-    frame = read_table_file(file)
+def _checked_rows(frame: pd.DataFrame, where: Path, run_id: str) -> pd.DataFrame:
     if len(frame) and set(frame["run_id"].astype(str)) != {run_id}:
-        raise ConfigError(f"{file}: rows belong to another run than {run_id}")
+        raise ConfigError(f"{where}: rows belong to another run than {run_id}")
     return frame
 
 
-def _shard_rows(file: Path, run_id: str) -> list[dict[str, Any]]:
+def _shard_rows(report: dict[str, Any], where: Path, run_id: str) -> list[dict[str, Any]]:
     try:
-        report = json.loads(file.read_text())
         counts = report["class_counts"]
         return [{"run_id": run_id, "worker": w, "class": c, "count": int(n)}
                 for w, per_class in enumerate(counts) for c, n in enumerate(per_class)]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"{file}: corrupt shard report ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: corrupt shard report ({type(exc).__name__}: {exc})") from None
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

@@ -21,6 +21,7 @@ from psbench.core.emulation import parse_device, parse_stragglers, stall_schedul
 from psbench.core.atomic import OLD_PREFIX, STAGING_PREFIX, DiskFull, atomic_write_text, dir_lock, owner_alive
 from psbench.core.records import DEFAULT_FORMAT, Recorder, RunResult
 from psbench.core.spec import RunSpec, budget_kind
+from psbench.bench.harness import store
 from psbench.bench.harness.results import FAILED_DIR
 from psbench.systems import get_system, names
 from psbench.systems.base import parse_options
@@ -263,8 +264,13 @@ def run_dir(results_dir: Path, suite: str, spec: RunSpec) -> Path:
     return Path(results_dir) / suite / spec.run_id
 
 
-def is_complete(results_dir: Path, suite: str, spec: RunSpec) -> bool:
-    """A run is complete when its manifest exists, parses and carries the same config hash."""
+def is_complete(results_dir: Path, suite: str, spec: RunSpec, packed: dict[str, str | None] | None = None) -> bool:
+    """A run is complete when its manifest exists, parses and carries the same config hash, in its
+    folder or among the suite's packed runs (`packed`: store.packed_hashes, read once a suite)."""
+    if packed is None:
+        packed = store.packed_hashes(Path(results_dir) / suite)
+    if spec.run_id in packed:
+        return packed[spec.run_id] == spec.config_hash()
     manifest = run_dir(results_dir, suite, spec) / "manifest.json"
     if not manifest.is_file():
         return False
@@ -410,7 +416,8 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
             print(line)
         return []
     clean_staging(results_dir, suite)
-    todo = [p for p in planned if p is not None and not (resume and is_complete(results_dir, suite, p.spec))]
+    packed = store.packed_hashes(Path(results_dir) / suite)
+    todo = [p for p in planned if p is not None and not (resume and is_complete(results_dir, suite, p.spec, packed))]
     skipped = sum(1 for p in planned if p is not None) - len(todo)
     if skipped:
         print(f"psbench: {skipped} run(s) of suite '{suite}' already complete, skipping (resume)", file=sys.stderr)
@@ -430,10 +437,11 @@ def run_all(specs: list[RunSpec], results_dir: Path, suite: str, resume: bool = 
 def plan_lines(planned: list[PlannedRun | None], results_dir: Path, suite: str) -> list[str]:
     """One line a run: its id, whether it is done (resume) or to run, its cores' plan."""
     lines, todo = [], 0
+    packed = store.packed_hashes(Path(results_dir) / suite)
     for p in planned:
         if p is None:
             continue
-        done = is_complete(results_dir, suite, p.spec)
+        done = is_complete(results_dir, suite, p.spec, packed)
         todo += not done
         c = p.conditions
         crowded = ", oversubscribed" if c.get("oversubscribed") else ""

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from psbench.bench.harness.store import PACKED_DIR
 from psbench.core.atomic import atomic_write_json
 from psbench.core.errors import ConfigError
 from psbench.core.tables import STEPS_DROPPED as DROPPED_MARK, read_table_file, steps_kept, table_file
@@ -63,6 +64,8 @@ def slim_suite(suite_dir: Path, keep_seeds: int) -> SlimReport:
     suite_dir = Path(suite_dir)
     run_dirs = sorted(d for d in suite_dir.iterdir() if d.is_dir() and (d / "manifest.json").is_file()) \
         if suite_dir.is_dir() else []
+    if not run_dirs and (suite_dir / PACKED_DIR).is_dir():
+        raise ConfigError(f"{suite_dir}: its runs are packed ({PACKED_DIR}/); slim a suite before `psbench pack`")
     if not run_dirs:
         raise ConfigError(f"{suite_dir} holds no completed runs (no <run>/manifest.json); give results/<suite>")
     kept = dropped = freed = 0

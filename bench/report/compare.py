@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from psbench.bench.harness import store
 from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, REPORT_OUTPUTS, OnlyLostRuns, SuiteResults, load_suite,
                                             lost_left_out_line)
 from psbench.core.atomic import atomic_write_csv, atomic_write_text
@@ -92,7 +93,7 @@ def load_side(path: Path | str, include_lost: bool = False) -> Side:
 
 
 def _is_suite(path: Path) -> bool:
-    return any((p / "manifest.json").is_file() for p in path.iterdir() if p.is_dir())
+    return store.is_suite(path)
 
 
 def _runs(res: SuiteResults) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The per-iteration cost model of the Kassela suite (issue 27): why one system's time per
+"""The per-iteration cost model of the Kassela suite: why one system's time per
 mini-batch falls as the mini-batch shrinks and another's does not, and what that predicts at other
 data sizes.
 
@@ -309,11 +309,12 @@ CHECK_SUITES = {"kassela": "kassela-10m"}  # the suite whose sizes check a suite
 
 def check_suite(res: SuiteResults) -> SuiteResults | None:
     """The sibling suite (same results folder) that checks this suite's model at another size."""
+    from psbench.bench.harness import store
     from psbench.bench.harness.results import load_suite
 
     name = CHECK_SUITES.get(res.suite)
     path = res.path.parent / name if name and res.path is not None else None
-    if path is None or not any(path.glob("*/manifest.json")):
+    if path is None or not store.is_suite(path):
         return None
     return load_suite(path)
 

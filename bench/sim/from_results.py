@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from psbench.bench.harness import store
 from psbench.bench.report.markdown import markdown_table
 from psbench.bench.sim import project
 from psbench.bench.sim.calibrate import calibrate_from_suites
@@ -28,7 +29,7 @@ SWITCH_STRAGGLERS = "slow:1=2.5+transient:p=0.01,ms=200"  # bench/experiments/sw
 
 
 def _suites(root: Path, names: tuple[str, ...]) -> list[Path]:
-    return [root / n for n in names if any((root / n).glob("*/manifest.json"))]
+    return [root / n for n in names if store.is_suite(root / n)]
 
 
 def _md(df: pd.DataFrame) -> str:

@@ -213,8 +213,9 @@ def measured_from_results(suite_dir: Path) -> list[MeasuredRun]:
     from psbench.workloads import get_workload
 
     runs = []
-    for manifest in sorted(Path(suite_dir).glob("*/manifest.json")):
-        m = json.loads(manifest.read_text())
+    from psbench.bench.harness import store
+
+    for m in store.suite_manifests(Path(suite_dir)):
         spec, opts = m["spec"], m["spec"].get("options", {})
         system = spec["system"]
         if system not in SYSTEM_MODELS or not m["summary"].get("samples_per_s"):

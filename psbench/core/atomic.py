@@ -93,11 +93,12 @@ def atomic_write_csv(path: Path, frame: pd.DataFrame) -> None:
     atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def atomic_write_table(path: Path, frame: pd.DataFrame) -> None:
-    """A frame as Parquet (`.parquet`, its dtypes kept) or CSV (`.csv`), by the path's suffix."""
+def atomic_write_table(path: Path, frame: pd.DataFrame, compression: str = "snappy") -> None:
+    """A frame as Parquet (`.parquet`, its dtypes kept; `compression` its codec) or CSV (`.csv`),
+    by the path's suffix."""
     path = Path(path)
     if path.suffix == ".parquet":
-        atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, engine="pyarrow"))
+        atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False, engine="pyarrow", compression=compression))
     elif path.suffix == ".csv":
         atomic_write_csv(path, frame)
     else:
