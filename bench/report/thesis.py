@@ -28,6 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from psbench.bench.harness import store
 from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, SuiteResults, load_suite,
                                             lost_left_out_line)
 from psbench.bench.report import measures
@@ -70,7 +71,7 @@ RULES = {
                f"{SPARK_FALL_MAX:g}x; not reproduced if at each of them the PS's interval lies below {PS_FALL_MIN:g}x "
                f"or every Spark variant's above {SPARK_FALL_MAX:g}x; else inconclusive. The fall to 0.01 % and the "
                f"cost model's projections are shown, never the verdict; an emulated device is inconclusive by "
-               f"construction; runs that oversubscribed the cores are shown, never counted",
+               f"construction; runs that oversubscribed the cores are shown, never counted. The {measures.FALL_RULE}",
     "throughput": throughput_gap.TWIN_RULE,  # stated where it is computed
     "switch": f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
               f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its final "
@@ -339,7 +340,6 @@ def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[st
                   + "; ".join(f"{r['system']} from {r['workload']} at {r['rows per core']:,.0f} rows a core "
                               f"{_iv(r['fall to 1 %'])}" + ("" if r["validated"] else " (not validated)")
                               for _, r in paper.iterrows() if r["system"] == "ps" or r["system"] in natives) + "."]
-    lines += ["", f"Rule: {RULES['kassela']}. {measures.FALL_RULE}."]
     lines += ["", conditions_text(res)]
     return "\n".join(lines)
 
@@ -761,7 +761,7 @@ def suites_of(results_dir: Path, quick: bool = False,
     left out (none with include_lost)."""
     suites: dict[str, SuiteResults] = {}
     left_out = 0
-    for suite in sorted(p for p in Path(results_dir).iterdir() if p.is_dir() and any(p.glob("*/manifest.json"))):
+    for suite in sorted(p for p in Path(results_dir).iterdir() if store.is_suite(p)):
         if suite.name.endswith("-quick") != quick:
             continue
         try:
