@@ -97,7 +97,12 @@ def describe_value(value: Any) -> str:
 
 
 def refuse(where: str, field: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{where}: {field}: got {describe_value(value)}; allowed: {allowed}")
+    return ConfigError(one_line(f"{where}: {field}: got {describe_value(value)}; allowed: {allowed}"))
+
+
+def one_line(text: str) -> str:
+    """Control characters (a key or path with a newline in it) shown escaped: an error stays one line."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], text)
 
 
 def check_field(where: str, field: str, name: str | None, value: Any) -> None:
