@@ -26,20 +26,20 @@ def show(title: str, results: dict[str, float], goals: dict[str, float]) -> None
 
 def test_roundtrip_vs_raw_zmq():
     r = ps_benchmarks.ratio_roundtrip()
-    # issue 18's goals: >= 0.8 of the raw echo at 1 MB, >= 0.9 at 10 MB
+    # the goals: >= 0.8 of the raw echo at 1 MB, >= 0.9 at 10 MB
     show("push+pull vs raw pyzmq echo (ratio of round-trip times)", r, {"roundtrip_1mb": 0.8, "roundtrip_10mb": 0.9})
 
 
 def test_asp_one_worker_vs_single():
     r = ps_benchmarks.ratio_asp_vs_single()
-    goals = {"cnn-mnist1d": 0.9, "mlp-digits": 0.6}  # issue 18, strict ASP (the pipelined run: the same bar)
+    goals = {"cnn-mnist1d": 0.9, "mlp-digits": 0.6}  # strict ASP (the pipelined run: the same bar)
     show("ps asp, 1 worker / single (samples/s, whole runs)", r,
          {k: goals[w] for k in r for w in goals if k.endswith(f"_vs_single_{w}")})
 
 
 def test_asp_one_worker_vs_single_and_echo_interleaved():
     r = ps_benchmarks.ratio_asp_vs_single_interleaved()
-    # issue 18's goals for strict ASP with one worker vs single: cnn-mnist1d >= 0.9, mlp-digits >= 0.6
+    # the goals for strict ASP with one worker vs single: cnn-mnist1d >= 0.9, mlp-digits >= 0.6
     show("strict ps asp, 1 worker / single and / raw echo step (alternating bursts)", r,
          {"asp1_vs_single_cnn_mnist1d": 0.9, "asp1_vs_single_mlp_digits": 0.6})
 

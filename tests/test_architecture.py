@@ -161,3 +161,17 @@ def test_help_and_list_import_no_heavy_dependency(argv):
     else:
         assert heavy == [], f"psbench {' '.join(argv)} imported {heavy[:8]}"
     assert "usage" in proc.stdout or "systems:" in proc.stdout
+
+
+def test_no_issue_numbers_in_the_source():
+    """History (which issue asked for what) belongs in commit messages: the tracker is not in the
+    repository, so a number in a comment points nowhere."""
+    import re
+
+    pattern = re.compile(r"\bissues? ?#?\d+", re.IGNORECASE)
+    files = [p for folder in (*FOLDERS, "tests") for p in sorted((ROOT / folder).rglob("*"))
+             if p.suffix in (".py", ".toml", ".sh") and ".venv" not in p.parts and "__pycache__" not in p.parts]
+    files += [ROOT / "Makefile", ROOT / ".ci" / "run"]
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in files if p.is_file()
+             for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found

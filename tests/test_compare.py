@@ -1,4 +1,4 @@
-"""Issue 17 point 3: `psbench compare A B` matches runs by spec and gives ratios with intervals."""
+"""`psbench compare A B` matches runs by spec and gives ratios with intervals."""
 from __future__ import annotations
 
 from pathlib import Path

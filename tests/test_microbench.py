@@ -1,4 +1,4 @@
-"""Issue 17 point 2: the micro-benchmarks run under pytest-benchmark with both sides of each ratio
+"""The micro-benchmarks run under pytest-benchmark with both sides of each ratio
 timed by its fixture; a saved run is compared with the next (`--benchmark-compare`,
 `--benchmark-compare-fail`), as `make microbench` does; `psbench regress` gates their ratios."""
 from __future__ import annotations

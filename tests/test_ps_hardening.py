@@ -1,4 +1,4 @@
-"""The shard checks everything before it changes anything (issue 18): non-finite gradients, liveness,
+"""The shard checks everything before it changes anything: non-finite gradients, liveness,
 request ids and duplicates, steps and versions, answers without a request id, and checkpoints that
 restore every policy and mitigation bit for bit. In-process shards unless a socket is the point."""
 from __future__ import annotations

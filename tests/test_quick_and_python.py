@@ -1,4 +1,4 @@
-"""Issue 17 point 5: the Python the project says it needs is one it runs on, and quick runs of an
+"""The Python the project says it needs is one it runs on, and quick runs of an
 experiment file land in their own suite folder, the one the README's example then reports on."""
 from __future__ import annotations
 

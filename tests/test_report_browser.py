@@ -1,4 +1,4 @@
-"""Issue 17 point 6: the HTML report opened in headless Chromium (Debian's package) as a reader
+"""The HTML report opened in headless Chromium (Debian's package) as a reader
 would: it loads with no console error, every image loads, and a screenshot lands beside it.
 Without Chromium this is a skip naming the fix, except in CI (.ci/run installs it), where it fails."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17 point 4: `--mlflow URI` and `--tensorboard DIR` log a run's params, per-step metrics and
+"""`--mlflow URI` and `--tensorboard DIR` log a run's params, per-step metrics and
 the report's plots, read back here from a real local MLflow store and real TensorBoard event files.
 The packages are optional extras: without them these tests skip, except in CI (CI=true), where
 .ci/run installs them and a missing one fails."""

@@ -189,7 +189,7 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-GATED_CHANGE = 0.20  # the slow-down the gate is meant to catch (issue 29)
+GATED_CHANGE = 0.20  # the slow-down the gate is meant to catch
 
 
 def gate_coverage(rows: list[Row], change: float = GATED_CHANGE) -> str:

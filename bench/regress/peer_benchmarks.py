@@ -1,6 +1,6 @@
 """Our parameter server against its peers (`ray-ps`, `rpc-ps`), side by side: samples/s of `ps`
 divided by a peer's, each system run through the harness in turn (registered in
-psbench.bench.regress.check.RATIO_BENCHMARKS as 'peers'; the goal of issue 18 is >= 2 at 4 workers).
+psbench.bench.regress.check.RATIO_BENCHMARKS as 'peers'; the goal is >= 2 at 4 workers).
 
 mlp-digits keeps compute per step small, so the ratio measures what the systems differ in: moving
 gradients and parameters. A peer that is not installed (Ray) is left out; its metric then reads

@@ -1,6 +1,6 @@
 """Side-by-side measurements of the parameter server; each returns a dict of ratios / figures.
 
-    ratio_roundtrip()        push+pull of 1/10/100 MB vs a raw pyzmq echo of the same bytes (goal, issue 18:
+    ratio_roundtrip()        push+pull of 1/10/100 MB vs a raw pyzmq echo of the same bytes (goal:
                              >= 0.8 at 1 MB, >= 0.9 at 10 MB), and vs an echo doing the shard's arithmetic
     ratio_asp_vs_single()    ps strict ASP with 1 worker vs `single`, samples/s (goal: >= 0.9 on cnn-mnist1d,
                              >= 0.6 on mlp-digits); also with --pipeline (the round trip overlaps the next

@@ -375,7 +375,7 @@ def sharding_power_text(res: SuiteResults, sharding: pd.DataFrame) -> str:
     return f"Power: {tails.text()}." if tails else f"Power: {variance_power.TOO_FEW_TAILS}."
 
 
-PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (issue 18: ps >= 2x each at 4 workers)
+PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (the goal: ps >= 2x each at 4 workers)
 
 
 def peers_table(res: SuiteResults) -> pd.DataFrame:
