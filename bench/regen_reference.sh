@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the reference results from ONE clean commit, resumably, across as many working
-# stretches as it takes (about 12 hours on 2 cores: the powered sharding design ~10 h, make bench
-# 76 min with Horovod's build, the extras 37 min, the documents 4 min: measured for 02e06e8).
+# stretches as it takes (about 12 hours on 2 cores: the powered sharding design ~10 h; make bench
+# 54 min after a fresh clone's 4-minute set-up, measured for 70bbb091; the extras about an hour).
 # Every step resumes: a complete run (its manifest) is never rerun.
 #
 #   bash bench/regen_reference.sh COMMIT CLONE OUT [powered|bench|all]
@@ -12,7 +12,7 @@
 #         the extras, the documents; a later `powered` adds the powered design); `all` (default) runs it, then make bench,
 #         the two extras the findings need, and the documents: the kassela report (checked against
 #         10 M rows), the powered suite slimmed (`psbench slim --keep-seeds 5`) and reported,
-#         thesis.md, the scale model.
+#         thesis.md, the scale model; then every suite packed (`psbench pack`).
 # Between stretches, a stopped run loses only the run in flight. Where the machine may not be kept,
 # slim the powered suite and commit it as results/reference-next/ (see its README.md); the next
 # stretch copies it into OUT first, so its runs count as done.
@@ -77,3 +77,4 @@ fi
 .venv/bin/psbench thesis "$out"
 .venv/bin/psbench simulate --from "$out" --out "$out/simulate"
 stamp "documents done"
+.venv/bin/psbench pack "$out"/*/  # each suite's folders into <suite>/records/, checked, to commit

@@ -1,4 +1,4 @@
-"""Every `psbench` line of the README's examples runs as written on this machine (a newcomer's first
+"""Every `psbench` line of the README's and docs/' examples runs as written on this machine (a newcomer's first
 hour): each line of a ```sh block that runs `.venv/bin/psbench` (after a `git switch ... &&`, the
 psbench part, in this checkout) runs from a scratch folder
 that sees this checkout's bench/ (so its relative paths and results/ resolve there), with a short
@@ -23,10 +23,13 @@ SHORT = ["--max-steps", "8"]
 pytestmark = pytest.mark.slow  # about 3 minutes: `make test-slow` (CI runs it), not `make test`
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # the front page, then docs/
+
+
 def readme_lines() -> list[str]:
-    """The psbench command lines of the README's sh blocks, comments dropped, in order."""
+    """The psbench command lines of the README's and docs/' sh blocks, comments dropped, in order."""
     lines, in_sh = [], False
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in "\n".join(page.read_text() for page in PAGES).splitlines():
         if line.startswith("```"):
             in_sh = line.strip() == "```sh"
             continue
