@@ -42,7 +42,7 @@ def _same(a: store.RunRecord, b: store.RunRecord) -> bool:
             continue
         try:
             pd.testing.assert_frame_equal(left.reset_index(drop=True), right.reset_index(drop=True),
-                                          check_dtype=False, check_exact=False, rtol=0, atol=0)
+                                          check_dtype=False, check_exact=True)
         except AssertionError:
             return False
     return True
@@ -53,12 +53,14 @@ def pack_suite(suite_dir: Path) -> PackReport:
     if not suite_dir.is_dir():
         raise ConfigError(f"results folder {suite_dir} does not exist (give results/<suite>)")
     folders = store.run_folders(suite_dir, NOT_RUNS)
-    earlier = store.read_packed(suite_dir)
-    if not folders and not earlier:
+    packed = store.runs_file(suite_dir).is_file()
+    if not folders and not packed:
         raise ConfigError(f"{suite_dir} holds no completed runs (no <run>/manifest.json); give results/<suite>")
     records = store.suite_records(suite_dir, NOT_RUNS)  # refuses a run both packed and in a folder
-    before = _size(folders + ([suite_dir / store.PACKED_DIR] if earlier else []))
-    written = store.write_packed(suite_dir, records) if folders else []
+    before = _size(folders + ([suite_dir / store.PACKED_DIR] if packed else []))
+    if not folders:  # packed already, nothing new
+        return PackReport(len(records), 0, before, before)
+    written = store.write_packed(suite_dir, records)
     back = {r.run_id: r for r in store.read_packed(suite_dir)}
     wrong = [r.run_id for r in records if r.run_id not in back or not _same(r, back[r.run_id])]
     if wrong or len(back) != len(records):
@@ -66,7 +68,7 @@ def pack_suite(suite_dir: Path) -> PackReport:
                           f"({len(wrong)} differ, e.g. {wrong[:1]}); the run folders are kept")
     for folder in folders:
         shutil.rmtree(folder)
-    return PackReport(len(records), len(folders), before, _size(written) if written else before)
+    return PackReport(len(records), len(folders), before, _size(written))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

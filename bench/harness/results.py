@@ -84,7 +84,7 @@ def load_suite(path: Path | str, include_lost: bool = False) -> SuiteResults:
         rows.append(_run_row(manifest, rec.where))
         steps_kept[run_id] = rec.steps_kept
         for name, frame in rec.tables.items():
-            frames[name].append(_checked_rows(frame, rec.where / f"{name}", run_id))
+            frames[name].append(_checked_rows(frame, rec.where / name, run_id))
         if rec.shards is not None:
             shard_rows.extend(_shard_rows(rec.shards, rec.where / "shards.json", run_id))
 

@@ -63,10 +63,15 @@ def run_folders(suite_dir: Path, not_runs: set[str]) -> list[Path]:
     return found
 
 
+def runs_file(suite_dir: Path) -> Path:
+    """The packed runs table of a suite (it exists only once the suite is packed)."""
+    return Path(suite_dir) / PACKED_DIR / f"{RUNS_TABLE}.parquet"
+
+
 def is_suite(path: Path) -> bool:
     """Whether a folder holds runs: run folders, packed records, or both."""
     path = Path(path)
-    return path.is_dir() and ((path / PACKED_DIR / f"{RUNS_TABLE}.parquet").is_file()
+    return path.is_dir() and (runs_file(path).is_file()
                               or any((child / "manifest.json").is_file() for child in path.iterdir() if child.is_dir()))
 
 
@@ -98,17 +103,16 @@ def _optional_json(text: Any, where: str) -> dict[str, Any] | None:
 
 def read_packed(suite_dir: Path) -> list[RunRecord]:
     """The runs packed in <suite>/records/ (none if it holds no runs table)."""
-    folder = Path(suite_dir) / PACKED_DIR
-    runs_file = folder / f"{RUNS_TABLE}.parquet"
-    if not runs_file.is_file():
+    folder, table = Path(suite_dir) / PACKED_DIR, runs_file(suite_dir)
+    if not table.is_file():
         return []
     try:
-        runs = pd.read_parquet(runs_file)
+        runs = pd.read_parquet(table)
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise ConfigError(f"{runs_file}: corrupt Parquet ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"{table}: corrupt Parquet ({str(exc).splitlines()[0]})") from None
     missing = {"run_id", "manifest", "shards", "steps_kept", "steps_dropped"} - set(runs.columns)
     if missing:
-        raise ConfigError(f"{runs_file}: not a packed runs table, missing column(s) {', '.join(sorted(missing))}")
+        raise ConfigError(f"{table}: not a packed runs table, missing column(s) {', '.join(sorted(missing))}")
     by_run: dict[str, dict[str, pd.DataFrame]] = {str(r): {} for r in runs["run_id"]}
     for name in TABLES:
         file = folder / f"{name}.parquet"
@@ -117,19 +121,19 @@ def read_packed(suite_dir: Path) -> list[RunRecord]:
         frame = read_table_file(file)
         stray = set(frame["run_id"].astype(str)) - set(by_run)
         if stray:
-            raise ConfigError(f"{file}: rows of run(s) not in {runs_file.name}: {', '.join(sorted(stray)[:3])}")
+            raise ConfigError(f"{file}: rows of run(s) not in {table.name}: {', '.join(sorted(stray)[:3])}")
         for run_id, rows in frame.groupby(frame["run_id"].astype(str), sort=False):
             by_run[run_id][name] = rows.reset_index(drop=True)
     out = []
     for row in runs.itertuples(index=False):
         where = folder / str(row.run_id)
-        manifest = _optional_json(row.manifest, f"{runs_file} ({row.run_id}) manifest")
+        manifest = _optional_json(row.manifest, f"{table} ({row.run_id}) manifest")
         if not isinstance(manifest, dict) or manifest.get("run_id") != row.run_id:
-            raise ConfigError(f"{runs_file}: the manifest of {row.run_id} is missing or names another run")
+            raise ConfigError(f"{table}: the manifest of {row.run_id} is missing or names another run")
         check_manifest(manifest, where)
         out.append(RunRecord(manifest, where, bool(row.steps_kept), by_run[str(row.run_id)],
-                             _optional_json(row.shards, f"{runs_file} ({row.run_id}) shards"),
-                             _optional_json(row.steps_dropped, f"{runs_file} ({row.run_id}) steps_dropped")))
+                             _optional_json(row.shards, f"{table} ({row.run_id}) shards"),
+                             _optional_json(row.steps_dropped, f"{table} ({row.run_id}) steps_dropped")))
     return out
 
 
@@ -157,10 +161,10 @@ def packed_hashes(suite_dir: Path) -> dict[str, str | None]:
 
 
 def read_packed_manifests(suite_dir: Path) -> list[dict[str, Any]]:
-    runs_file = Path(suite_dir) / PACKED_DIR / f"{RUNS_TABLE}.parquet"
-    if not runs_file.is_file():
+    table = runs_file(suite_dir)
+    if not table.is_file():
         return []
-    return [json.loads(text) for text in pd.read_parquet(runs_file, columns=["manifest"])["manifest"]]
+    return [json.loads(text) for text in pd.read_parquet(table, columns=["manifest"])["manifest"]]
 
 
 def write_packed(suite_dir: Path, records: list[RunRecord]) -> list[Path]:
