@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# folder -> import name (psbench/ links each top-level folder in by its name)
-FOLDERS = {"psbench": "psbench", "bench": "psbench.bench", "systems": "psbench.systems", "workloads": "psbench.workloads"}
+# The source is psbench/; the design card's top-level folders are links into it.
+LINKED = ("bench", "systems", "workloads")
 # A module may import only modules of its own rank or below.
 RANKS = [
     ("psbench.core", 0),
@@ -35,12 +35,11 @@ def rank(module: str) -> int:
 
 def source_modules() -> dict[str, Path]:
     modules = {}
-    for folder, name in FOLDERS.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            modules[".".join([name, *parts])] = path
+    for path in sorted((ROOT / "psbench").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
     return modules
 
 
@@ -134,21 +133,20 @@ def test_systems_import_nothing_of_the_harness():
 
 
 def test_a_module_path_is_its_file_path():
-    """psbench/ holds the core and relative links to the top-level folders, so a tool that knows
-    nothing of packaging resolves every psbench.* import to its file: jedi here, as an editor's
-    go-to-definition does, with the checkout as its project."""
+    """The source lies where its import path says, so a tool that knows nothing of packaging
+    resolves every psbench.* import to its file: jedi here, as an editor's go-to-definition does,
+    with the checkout as its project. The design card's top-level folders are relative links."""
     import jedi
 
-    for folder in FOLDERS:
-        if folder != "psbench":
-            link = ROOT / "psbench" / folder
-            assert link.is_symlink() and os.readlink(link) == f"../{folder}", link
+    for folder in LINKED:
+        link = ROOT / folder
+        assert link.is_symlink() and os.readlink(link) == f"psbench/{folder}", link
     project = jedi.Project(ROOT)
     unresolved = {}
     for module, path in source_modules().items():
         code = f"import {module}\n"
         found = jedi.Script(code, path=ROOT / "probe.py", project=project).goto(1, len(code) - 2, follow_imports=True)
-        if [Path(d.module_path).resolve() for d in found] != [path.resolve()]:
+        if [Path(d.module_path) for d in found] != [path]:
             unresolved[module] = [str(d.module_path) for d in found]
     assert not unresolved
 
@@ -192,7 +190,7 @@ def test_no_issue_numbers_in_the_source():
     import re
 
     pattern = re.compile(r"\bissues? ?#?\d+", re.IGNORECASE)
-    files = [p for folder in (*FOLDERS, "tests") for p in sorted((ROOT / folder).rglob("*"))
+    files = [p for folder in ("psbench", "tests") for p in sorted((ROOT / folder).rglob("*"))
              if p.suffix in (".py", ".toml", ".sh") and ".venv" not in p.parts and "__pycache__" not in p.parts]
     files += [ROOT / "Makefile", ROOT / ".ci" / "run"]
     found = [f"{p.relative_to(ROOT)}:{n}" for p in files if p.is_file()

@@ -35,7 +35,7 @@ SIDES = ("psbench", "reference")
 MB = 2**20
 # A small model's tensors: mixed shapes, 1.3 MB in all.
 SHAPES = [(512, 512), (512,), (512, 128), (128,), (128, 10), (10,)]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MICROBENCH_DIR = ROOT / "tests" / "microbench"
 
 Sides = dict[str, Callable[[], Any]]

@@ -30,7 +30,7 @@ from psbench.core.errors import ConfigError
 
 from .ps_benchmarks import SLOWDOWN_ENV
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # metric -> (higher is better, the samples): check.py turns these into its Measured records
 Samples = dict[str, tuple[bool, list[float]]]
 SIDE_TIMEOUT_S = 900  # one repeat of every benchmark takes ~40 s here

@@ -358,7 +358,7 @@ def make_optimizer(model: nn.Module, workload: Workload, lr: float) -> torch.opt
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
 
 
-REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

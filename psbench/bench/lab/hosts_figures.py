@@ -71,7 +71,7 @@ def spark_pair(repeats: int, out: Path) -> list[str]:
             f"{interval(b)} | {statistics.fmean(a) / statistics.fmean(b):.2f} |"]
 
 
-CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT = Path(__file__).resolve().parents[3]
 
 
 def ps_file(launcher: str, hosts: list[str], config: str, steps: int) -> str:
