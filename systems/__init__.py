@@ -4,8 +4,7 @@ The registry holds each system's facts: what `psbench list` and `psbench --help`
 description and the packages it needs), what the report, the scale model and the regression
 benchmarks group it by (family, kind, synchrony, plot colour, how its bytes are counted, older
 names), and "module:Class" for the adapter, which loads only when the system is used, so neither
-torch nor pyspark nor horovod is imported to list, describe or group the systems. A new system is
-its folder and one entry here.
+torch nor pyspark nor horovod is imported to list, describe or group the systems.
 """
 from __future__ import annotations
 
@@ -90,7 +89,8 @@ REGISTRY: dict[str, Entry] = {
                          "spark", GENERAL_PURPOSE, SYNC, "#8c564b", RING_BYTES, needs=("pyspark",), java=True),
     "switch": Entry("psbench.systems.switch.adapter:SwitchSystem",
                     "Strategy-Switch: sync (DDP allreduce or PS BSP) until a criterion fires, then async PS (ASP/SSP)",
-                    "switch", SPECIALISED, SWITCHED, "#e377c2", "computed in the sync phase, measured in the async phase",
+                    "switch", SPECIALISED, SWITCHED, "#e377c2",
+                    "computed in the sync phase, measured in the async phase",
                     aliases=("strategy-switch",)),
     "ray-ps": Entry("psbench.systems.ray_ps.adapter:RayPSSystem",
                     "peer PS: Ray actors as server shards and workers (Ray's parameter-server example); asp / bsp",

@@ -192,7 +192,7 @@ def test_the_harness_reads_only_hooks_the_base_declares() -> None:
     for path in sorted((ROOT / "bench").rglob("*.py")):
         reads, by_name = _system_class_reads(ast.parse(path.read_text(), str(path)))
         where = path.relative_to(ROOT)
-        assert not by_name, f"{where}:{by_name[0]}: a hook read by name (getattr/hasattr); call it: the base declares it"
+        assert not by_name, f"{where}:{by_name[0]}: a hook read by getattr/hasattr; call it, the base declares it"
         undeclared = [(line, attr) for line, attr in reads if attr not in HOOKS]
         assert not undeclared, (f"{where}:{undeclared[0][0]}: reads '{undeclared[0][1]}' on a system class, which "
                                 "systems.base.System does not declare")
