@@ -38,10 +38,10 @@ def shipped_figures(spec: RunSpec, system_cls: type) -> SystemCalibration:
 def write_figures(folder: Path) -> None:
     """Every system's shipped figures as the calibration file of its calibration workload."""
     from psbench.systems import get_system
-    from psbench.bench.harness.runner import CALIBRATION_WORKLOAD
+    from psbench.bench.harness.runner import calibration_workload
 
     folder.mkdir(parents=True, exist_ok=True)
     for system in SHIPPED_FIGURES:
-        workload = getattr(get_system(system), "calibration_workload", CALIBRATION_WORKLOAD)
+        workload = calibration_workload(get_system(system))
         figures = shipped_figures(RunSpec(system, workload), type(None))
         (folder / f"{system}-{workload}-v{CALIBRATION_VERSION}.json").write_text(json.dumps(figures.to_dict()))

@@ -43,11 +43,6 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _system_classes() -> dict[str, type]:
-    from psbench import systems
-    return {name: systems.get_system(name) for name in systems.names()}
-
-
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     from psbench.core.spec import RunSpec
 

@@ -24,7 +24,7 @@ from psbench.core.spec import RunSpec, budget_kind
 from psbench.bench.harness import store
 from psbench.bench.harness.results import FAILED_DIR
 from psbench.systems import get_system, names
-from psbench.systems.base import parse_options
+from psbench.systems.base import System, parse_options
 from psbench.workloads import Workload, get_workload
 from psbench.workloads.datasets import Dataset, data_fingerprint
 from psbench.core.errors import ConfigError
@@ -34,7 +34,7 @@ from psbench.workloads.sharding import parse_strategy
 @dataclass
 class PlannedRun:
     spec: RunSpec
-    system_cls: type
+    system_cls: type[System]
     options: Any
     conditions: dict[str, Any] = field(default_factory=dict)  # emulation and CPU budget, for the manifest
     processes: list[Proc] = field(default_factory=list)        # what the run starts here, by role
@@ -43,7 +43,7 @@ class PlannedRun:
 
 # How a plan gets a system's CPU figures: cached or measured (the default), or given (tests), or
 # none (the calibration runs themselves).
-Calibrator = Callable[[RunSpec, type], SystemCalibration | None]
+Calibrator = Callable[[RunSpec, type[System]], SystemCalibration | None]
 
 
 def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrator | None = None) -> PlannedRun:
@@ -52,7 +52,7 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrato
     system_cls = get_system(spec.system)
     workload = get_workload(spec.workload)
     parse_strategy(spec.sharding)
-    max_workers = getattr(system_cls, "max_workers", None)
+    max_workers = system_cls.max_workers
     if max_workers is not None and spec.workers > max_workers:
         raise ConfigError(f"system '{spec.system}' runs at most {max_workers} worker(s), got {spec.workers}")
     if workload.dataset in ("mnist", "cifar10"):
@@ -70,18 +70,16 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrato
                           f"{sorted(w for w in stragglers.slow if w >= spec.workers)}; workers are 0..{spec.workers - 1}")
     if spec.budget is not None:
         kind = budget_kind(spec.budget)
-        if kind not in getattr(system_cls, "budgets", ()):
-            takers = [n for n in names() if kind in getattr(get_system(n), "budgets", ())]
+        if kind not in system_cls.budgets:
+            takers = [n for n in names() if kind in get_system(n).budgets]
             raise ConfigError(f"--budget {kind}=... applies to {', '.join(takers)}; '{spec.system}' takes "
-                              f"{', '.join(f'{k}=' for k in getattr(system_cls, 'budgets', ())) or 'no --budget'}"
+                              f"{', '.join(f'{k}=' for k in system_cls.budgets) or 'no --budget'}"
                               f" (else --max-steps or --epochs per worker)")
-    if spec.eval_every_s is not None and not getattr(system_cls, "timer_evaluator", False):
-        takers = [n for n in names() if getattr(get_system(n), "timer_evaluator", False)]
+    if spec.eval_every_s is not None and not system_cls.timer_evaluator:
+        takers = [n for n in names() if get_system(n).timer_evaluator]
         raise ConfigError(f"--eval-every-s (the timer evaluator) applies to {', '.join(takers)}; '{spec.system}' "
                           f"evaluates at --evals-per-epoch")
-    check = getattr(system_cls, "check_spec", None)
-    if check is not None:  # what a system cannot train at all (e.g. no native trainer for a model)
-        check(spec, options, workload, device, stragglers)
+    system_cls.check_spec(spec, options, workload, device, stragglers)  # e.g. no native trainer for a model
     processes, self_role = declared_processes(system_cls, options, spec.workers)
     calibration = (calibrator or calibrated)(spec, system_cls)
     conditions = cpu_budget(spec, system_cls, processes, device, stragglers, allow_oversubscribe, calibration)
@@ -150,14 +148,12 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     return _COMPUTE_CACHE[key]
 
 
-def declared_processes(system_cls: type, options: Any, workers: int) -> tuple[list[Proc], str]:
+def declared_processes(system_cls: type[System], options: Any, workers: int) -> tuple[list[Proc], str]:
     """The processes a run of the system starts on this machine, by role (system_cls.cpu_processes;
     by default only its workers), this launcher among them unless it is itself the worker; and the
     role of this process. A multi-node run (ddp --nnodes, a Spark cluster) counts its local workers."""
-    local = system_cls.local_workers(options, workers) if hasattr(system_cls, "local_workers") else workers
-    processes = (system_cls.cpu_processes(options, local) if hasattr(system_cls, "cpu_processes")
-                 else [Proc(WORKERS, local)])
-    self_role = getattr(system_cls, "cpu_self_role", LAUNCHER)
+    processes = system_cls.cpu_processes(options, system_cls.local_workers(options, workers))
+    self_role = system_cls.cpu_self_role
     if self_role == LAUNCHER:
         processes = [*processes, Proc(LAUNCHER, 1)]
     return processes, self_role
@@ -166,15 +162,20 @@ def declared_processes(system_cls: type, options: Any, workers: int) -> tuple[li
 CALIBRATION_WORKLOAD = "mlp-digits"  # a system's figures are measured once, on this workload
 
 
-def calibrated(spec: RunSpec, system_cls: type) -> SystemCalibration:
+def calibrated(spec: RunSpec, system_cls: type[System]) -> SystemCalibration:
     """The system's CPU figures, measured here once (calibration.py) on its calibration workload
     (mlp-digits, or the system's `calibration_workload`): per process and per step, they carry to
     other workloads, whose own gradient CPU the plan measures apart (measured_compute_s). Once per
     system, not per workload: a fresh machine pays a dozen short calibrations, not one per pair."""
-    workers = min(CALIBRATION_WORKERS, getattr(system_cls, "max_workers", None) or CALIBRATION_WORKERS)
-    base = RunSpec(spec.system, getattr(system_cls, "calibration_workload", CALIBRATION_WORKLOAD), workers=workers)
-    return load_or_calibrate(base, lambda: measured_compute_s(base)[0], getattr(system_cls, "paces_steps", True),
-                             getattr(system_cls, "calibration_min_step_s", 0.0), _measure)
+    workers = min(CALIBRATION_WORKERS, system_cls.max_workers or CALIBRATION_WORKERS)
+    base = RunSpec(spec.system, calibration_workload(system_cls), workers=workers)
+    return load_or_calibrate(base, lambda: measured_compute_s(base)[0], system_cls.paces_steps,
+                             system_cls.calibration_min_step_s, _measure)
+
+
+def calibration_workload(system_cls: type[System]) -> str:
+    """The workload a system's CPU figures are measured on: its own, or mlp-digits."""
+    return system_cls.calibration_workload or CALIBRATION_WORKLOAD
 
 
 def _measure(spec: RunSpec) -> Measured:
@@ -200,7 +201,7 @@ def device_step_s(spec: RunSpec) -> float | None:
 PLAN_DECIMALS = 2
 
 
-def cpu_budget(spec: RunSpec, system_cls: type, processes: list[Proc], device, stragglers,
+def cpu_budget(spec: RunSpec, system_cls: type[System], processes: list[Proc], device, stragglers,
                allow_oversubscribe: bool, calibration: SystemCalibration | None) -> dict[str, Any]:
     """The cores a run keeps busy, by role: each worker its share of a step spent computing (1
     without an emulated device; with one, compute / its step: the device's target plus what the
@@ -209,7 +210,7 @@ def cpu_budget(spec: RunSpec, system_cls: type, processes: list[Proc], device, s
     cores. More than the usable cores
     (psbench.core.cpu) is refused, or recorded as oversubscribed with allow_oversubscribe."""
     cores = usable_cores()
-    paced = getattr(system_cls, "paces_steps", True)  # False: a JVM's inner loop, which no pacer can sleep
+    paced = system_cls.paces_steps  # False: a JVM's inner loop, which no pacer can sleep
     figure = calibration.figure if calibration is not None else (lambda role: RoleFigure())
     per_worker = figure(WORKERS)
     latency = calibration.step_latency_s if calibration is not None else 0.0

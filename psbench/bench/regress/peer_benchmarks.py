@@ -13,9 +13,9 @@ import sys
 
 from psbench.bench.harness.runner import run_summary
 from psbench.core.spec import RunSpec
-from psbench.systems import get_system
+from psbench.systems import get_system, names_where
 
-PEERS = ("ray-ps", "rpc-ps")
+PEERS = names_where(peer_of="ps")
 
 
 def samples_per_s(system: str, workers: int, consistency: str, max_steps: int,

@@ -20,6 +20,7 @@ import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
+from psbench.systems import SYNC, known_as, names_where
 from psbench.bench.report import cost_model, measures, switching, throughput_gap, variance_power
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
@@ -100,8 +101,8 @@ def build_report(suite_dir: Path | str, include_lost: bool = False) -> Report:
 
 GROUP = ["workload", "label", "batch_size", "sharding", "conditions", "workers"]  # one configuration
 GROUP_NAMES = {"label": "system", "batch_size": "batch/worker"}
-SWITCH_SYSTEMS = ("switch", "strategy-switch")
-SYNC_SYSTEMS = ("ddp", "horovod", "spark-mllib", "spark-barrier", "spark-torch")
+SWITCH_SYSTEMS = known_as("switch")
+SYNC_SYSTEMS = names_where(synchrony=SYNC)
 PS_DEFAULT_CONSISTENCY = "asp"  # systems/ps/adapter.py PSOptions.consistency
 
 
@@ -375,7 +376,7 @@ def sharding_power_text(res: SuiteResults, sharding: pd.DataFrame) -> str:
     return f"Power: {tails.text()}." if tails else f"Power: {variance_power.TOO_FEW_TAILS}."
 
 
-PEERS = ("ray-ps", "rpc-ps")  # the peer parameter servers set beside ours (the goal: ps >= 2x each at 4 workers)
+PEERS = names_where(peer_of="ps")  # the peer parameter servers set beside ours (the goal: ps >= 2x each at 4 workers)
 
 
 def peers_table(res: SuiteResults) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from psbench.bench.harness.results import SuiteResults
 from psbench.bench.harness.steady import (WARMUP_FRACTION, WARMUP_MIN_STEPS, WARMUP_RULE, steady_rate,  # noqa: F401
                                          steady_window, step_intervals, warmup_mask)
 from psbench.core.records import STEP_TIME_COLUMNS
+from psbench import systems
 
 if TYPE_CHECKING:
     from psbench.bench.report.stats import PairedT
@@ -34,21 +35,8 @@ CPU_RULE = (f"CPU used = CPU seconds of the run's process tree over its training
             f"reached {SATURATED_SHARE:.0%} of the usable cores (the demand exceeded them, or nearly) or exceeded "
             f"the plan by over {UNDERPLANNED[0] - 1:.0%} (and {UNDERPLANNED[1]:g} core)")
 
-# What each system's `bytes` column holds (how its adapter fills it); a manifest's extra.bytes_source
-# overrides this.
-BYTES_SOURCE = {
-    "single": "none (no communication)",
-    "ps": "measured (wire payload, headers included)",
-    "spark-barrier": "measured (allGather message lengths)",
-    "ddp": "computed (ring allreduce of the model size)",
-    "horovod": "computed (ring allreduce of the model size)",
-    "spark-torch": "computed (ring allreduce of the model size)",
-    "spark-mllib": "computed (model size: broadcast + treeAggregate)",
-    "spark-mllib-native": "computed (float64 weights broadcast + gradient treeAggregate)",
-    "switch": "computed in the sync phase, measured in the async phase",
-    "ray-ps": "computed (gradients out, parameters back: twice the model size)",
-    "rpc-ps": "computed (gradients out, parameters back: twice the model size)",
-}
+# What each system's `bytes` column holds (the registry's; a manifest's extra.bytes_source overrides it).
+BYTES_SOURCE = systems.by_name("bytes_source")
 
 
 def too_short(steps_per_worker: float, train_s: float, suite: str = "") -> str:

@@ -24,27 +24,14 @@ import pandas as pd  # noqa: E402
 
 from psbench.core.atomic import atomic_write  # noqa: E402
 from psbench.core.records import STEP_TIME_COLUMNS  # noqa: E402
+from psbench import systems  # noqa: E402
 from psbench.bench.harness.results import SuiteResults  # noqa: E402
 from psbench.bench.report.measures import annotate, fall_ratio, run_step_means, time_breakdown as run_breakdowns  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "psbench", "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
                      "axes.spines.top": False, "axes.spines.right": False, "legend.fontsize": 8})
 
-PALETTE: dict[str, str] = {
-    "single": "#4d4d4d",
-    "ps": "#1f77b4",
-    "ddp": "#ff7f0e",
-    "horovod": "#2ca02c",
-    "spark-mllib": "#d62728",
-    "spark-barrier": "#9467bd",
-    "spark-mllib-native": "#7f0000",  # dark red: Spark MLlib, its own JVM trainer
-    "spark-torch": "#8c564b",
-    "spark": "#8c564b",
-    "switch": "#e377c2",
-    "strategy-switch": "#e377c2",
-    "ray-ps": "#e7ba52",
-    "rpc-ps": "#6b6ecf",
-}
+PALETTE: dict[str, str] = systems.by_name("colour")  # every system's fixed colour (the registry's)
 FALLBACK_COLOURS = ["#17becf", "#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd",
                     "#e6550d", "#31a354"]
 LINESTYLES = ["-", "--", ":", "-."]

@@ -13,6 +13,7 @@ import pandas as pd
 from psbench.bench.harness.results import SuiteResults
 from psbench.bench.report import stats
 from psbench.core.records import TARGET_WINDOW
+from psbench import systems
 
 SWITCH_SPEEDUP = 1.3    # switch's time to target: sync's / switch's at least this
 SWITCH_ACC_PP = 0.5     # switch's final accuracy at most this many points below sync's
@@ -215,7 +216,7 @@ def _sync_kind(run: pd.Series) -> str | None:
 
 
 def _switch_kind(run: pd.Series) -> str:
-    if run["system"] in ("switch", "strategy-switch"):
+    if run["system"] in systems.known_as("switch"):
         return "switch"
     if run["system"] == "ps":
         return f"ps ({run.get('opt_consistency') or 'asp'})"

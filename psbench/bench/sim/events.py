@@ -39,11 +39,12 @@ from typing import Callable
 
 from psbench.core.emulation import Pacer, parse_device, parse_stragglers
 from psbench.core.errors import ConfigError
+from psbench.systems import names_where
 
-PS_FAMILY = ("ps", "ray-ps", "rpc-ps")
-ALLREDUCE_FAMILY = ("ddp", "horovod")
-SPARK_ROUNDS = ("spark-mllib", "spark-barrier", "spark-torch")
-SIMULATED = ("single", *PS_FAMILY, *ALLREDUCE_FAMILY, *SPARK_ROUNDS, "switch")
+PS_FAMILY = names_where(family="ps")
+ALLREDUCE_FAMILY = names_where(family="allreduce")
+SPARK_ROUNDS = names_where(family="spark")  # Spark's Python paths; its JVM trainer ("spark-jvm") is not modelled
+SIMULATED = (*names_where(family="single"), *PS_FAMILY, *ALLREDUCE_FAMILY, *SPARK_ROUNDS, *names_where(family="switch"))
 INF = math.inf
 
 

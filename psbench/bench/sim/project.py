@@ -25,14 +25,14 @@ from psbench.bench.sim.calibrate import Calibration
 from psbench.bench.sim.events import Network, SimSpec, SystemCosts, simulate_run
 from psbench.core.emulation import parse_device
 from psbench.core.errors import ConfigError
+from psbench import systems
+from psbench.systems import entry
 
 WORKERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 LINKS_GBIT = (1.0, 10.0, 25.0)
 ONE_WAY_LATENCY_S = 25e-6   # assumed: a datacentre network's one-way latency (no measurement here)
 DEVICE = "cluster-node"     # the suites' emulated device (psbench/core/device_profiles.toml)
 STEPS = 30                  # per worker in a projected run: the warm-up rule leaves 27
-SPECIALISED = ("ps (asp)", "ps (bsp)", "ddp", "horovod")
-GENERAL = ("spark-mllib", "spark-barrier", "spark-torch")
 ASSUMPTIONS = (f"each worker on its own machine; links: the stated bandwidth per link, full duplex, "
                f"{ONE_WAY_LATENCY_S * 1e6:.0f} us one way (assumed, a datacentre's); device '{DEVICE}' for every "
                f"worker, no stragglers unless a row says so; software costs per message as measured here "
@@ -53,6 +53,10 @@ CURVES = (
     Curve("ddp", "ddp"), Curve("horovod", "horovod"),
     Curve("spark-mllib", "spark-mllib"), Curve("spark-barrier", "spark-barrier"), Curve("spark-torch", "spark-torch"),
 )
+# The gap's sides, by the registry's kind: each specialised system at one PS shard (the sharded curve
+# shows what more shards buy, not the framework's gap) against each of Spark's paths.
+SPECIALISED = tuple(c.label for c in CURVES if entry(c.system).kind == systems.SPECIALISED and c.servers == "1")
+GENERAL = tuple(c.label for c in CURVES if entry(c.system).kind == systems.GENERAL_PURPOSE)
 
 
 def shard_costs(costs: SystemCosts, servers: int, calibration_bytes: int) -> SystemCosts:

@@ -10,7 +10,7 @@ from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
 from psbench.systems.allreduce_launch import run_job, spawn_ranks
-from psbench.systems.base import option
+from psbench.systems.base import System, option
 from psbench.systems.common import child_env, prepare
 from psbench.systems.ps.server import check_exposure, is_loopback
 from psbench.core.errors import ConfigError
@@ -54,7 +54,7 @@ def bind_store_socket(addr: str, port: int) -> socket.socket:
     return sock
 
 
-class DDPSystem:
+class DDPSystem(System):
     name = "ddp"
     budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it

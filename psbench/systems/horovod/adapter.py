@@ -12,7 +12,7 @@ from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
 from psbench.systems.allreduce_launch import run_job
-from psbench.systems.base import option
+from psbench.systems.base import System, option
 from psbench.systems.common import child_env, prepare
 from psbench.systems.horovod.remote import RemoteJob
 from psbench.systems.horovod.run import LOOPBACK_ENV
@@ -59,7 +59,7 @@ def is_local(hosts: str) -> bool:
     return all(e.partition(":")[0] in ("localhost", "127.0.0.1") for e in filter(None, hosts.split(",")))
 
 
-class HorovodSystem:
+class HorovodSystem(System):
     name = "horovod"
     budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it

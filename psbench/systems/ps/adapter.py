@@ -25,7 +25,7 @@ import numpy as np
 from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
-from psbench.systems.base import option
+from psbench.systems.base import System, option
 from psbench.systems.common import (Prepared, configure_threads, evaluate_snapshots, evaluate_splits, flat_buffers,
                                     flat_params, prepare, record_evals, set_flat_buffers, set_flat_params, split_flat)
 from psbench.systems.ps.alone import time_push_pull_alone
@@ -378,7 +378,7 @@ def ps_processes(servers: int, workers: int) -> list[Proc]:
             Proc("ps shard", servers, r"psbench\.systems\.ps\.server")]
 
 
-class PSSystem:
+class PSSystem(System):
     name = "ps"
     Options = PSOptions
 

@@ -27,6 +27,7 @@ from typing import Any
 from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
+from psbench.systems.base import System
 from psbench.systems.common import Prepared, child_env, prepare
 from psbench.systems.peer_common import (PeerFailed, PeerOptions, PeerWorker, ShardCore, ShardPlan, WorkerReport,
                                  deadline_left, join_shards, record_run, shard_plans, timed_out)
@@ -84,7 +85,7 @@ def _loopback_ray():
     return ray
 
 
-class RayPSSystem:
+class RayPSSystem(System):
     name = "ray-ps"
     Options = PeerOptions
 

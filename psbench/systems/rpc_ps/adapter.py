@@ -19,6 +19,7 @@ from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
+from psbench.systems.base import System
 from psbench.systems.allreduce_launch import new_job, spawn_ranks, supervise
 from psbench.systems.common import Prepared, child_env, prepare
 from psbench.systems.ddp.adapter import bind_store_socket
@@ -27,7 +28,7 @@ from psbench.systems.peer_common import PeerOptions, WorkerReport, record_run, s
 LOOPBACK_ENV = {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
 
 
-class RpcPSSystem:
+class RpcPSSystem(System):
     name = "rpc-ps"
     Options = PeerOptions
 

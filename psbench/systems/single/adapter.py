@@ -6,12 +6,12 @@ import math
 from psbench.core.cpu import WORKERS
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
-from psbench.systems.base import NoOptions
+from psbench.systems.base import NoOptions, System
 from psbench.systems.common import (StepClock, compute_step, configure_threads, evaluate_splits, make_optimizer,
                                     prepare, record_evals)
 
 
-class SingleSystem:
+class SingleSystem(System):
     name = "single"
     budgets = ("seconds",)  # --budget seconds=T: the training clock stops the run
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it

@@ -117,7 +117,7 @@ class SparkBarrierSystem(SparkSystem):
     name = "spark-barrier"
     Options = BarrierOptions
 
-    def train(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
+    def _train(self, spec: RunSpec, options: BarrierOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder, barrier_timeout_s=options.barrier_timeout_s)
         sc = session.spark.sparkContext
         prep, data = cached_shards(sc, spec, recorder)

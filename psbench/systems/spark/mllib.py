@@ -74,7 +74,7 @@ class SparkMllibSystem(SparkSystem):
     # One Spark job per mini-batch takes tens of ms here: the CPU calibration paces steps no faster.
     calibration_min_step_s = 0.1
 
-    def train(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
+    def _train(self, spec: RunSpec, options: MllibOptions, recorder: Recorder) -> None:
         session = start_session(spec, options, recorder)
         sc = session.spark.sparkContext
         prep, data = cached_shards(sc, spec, recorder)

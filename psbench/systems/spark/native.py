@@ -282,7 +282,7 @@ class SparkNativeSystem(SparkSystem):
         if spec.budget is not None:
             raise ConfigError("spark-mllib-native takes --max-steps or --epochs (iterations), not --budget")
 
-    def train(self, spec: RunSpec, options: NativeOptions, recorder: Recorder) -> None:
+    def _train(self, spec: RunSpec, options: NativeOptions, recorder: Recorder) -> None:
         prep = prepare(spec)
         kind = trainer_kind(prep.workload)
         if prep.data.n_classes != 2:

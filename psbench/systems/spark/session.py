@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 from psbench.core.cpu import WORKERS, Proc
 from psbench.core.supervisor import python_error
-from psbench.systems.base import option
+from psbench.systems.base import System, option
 from psbench.systems.common import child_env
 from psbench.core.errors import ConfigError
 
@@ -117,22 +117,22 @@ class SparkJobFailed(RuntimeError):
     names the first cause."""
 
 
-class SparkSystem:
+class SparkSystem(System):
     """What every Spark adapter shares for the harness: the CPU budget counts the driver (its JVM;
     the Python side is this launcher) and, in local mode only, the workers (Python workers forked
     by pyspark's daemon); availability is pyspark's. `run` is the adapter boundary:
-    the adapter's `train` runs under it, and whatever Spark, Py4J or the JVM raises leaves it as
+    the adapter's `_train` runs under it, and whatever Spark, Py4J or the JVM raises leaves it as
     one SparkJobFailed line (its cause chained, for the run's failure log); a run that loses an
     executor fails with that loss as its reason (ExecutorWatch)."""
 
     name = "spark"
 
-    def train(self, spec: Any, options: Any, recorder: Any) -> None:
+    def _train(self, spec: Any, options: Any, recorder: Any) -> None:
         raise NotImplementedError
 
     def run(self, spec: Any, options: Any, recorder: Any) -> None:
         try:
-            self.train(spec, options, recorder)
+            self._train(spec, options, recorder)
             check_executors()
         except ConfigError:
             raise

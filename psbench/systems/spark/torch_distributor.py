@@ -46,7 +46,7 @@ class SparkTorchSystem(SparkSystem):
                  Proc(WORKERS, workers, r"pyspark[./](daemon|worker)|/train\.py\b")]
         return ranks + [p for p in SparkSystem.cpu_processes(options, workers) if p.role != WORKERS]
 
-    def train(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
+    def _train(self, spec: RunSpec, options: TorchOptions, recorder: Recorder) -> None:
         start_session(spec, options, recorder)
         recorder.extra["torch_local_mode"] = options.local_mode
         from pyspark.ml.torch.distributor import TorchDistributor

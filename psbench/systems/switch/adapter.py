@@ -32,7 +32,7 @@ from psbench.core.cpu import Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import common_steps, read_buffers, read_state
-from psbench.systems.base import option
+from psbench.systems.base import System, option
 from psbench.systems.common import Prepared, configure_threads, prepare
 from psbench.systems.ps.adapter import PSOptions, PSPhase, PSSystem, check_timer_model, ps_processes, run_ps_phase
 from psbench.systems.ps.policies import parse_consistency
@@ -123,7 +123,7 @@ def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, record
                   recorder.now(), time.time())
 
 
-class SwitchSystem:
+class SwitchSystem(System):
     name = "switch"
     budgets = ("seconds",)  # over both phases: the sync phase stops there too if the criterion never fired
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
