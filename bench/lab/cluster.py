@@ -745,7 +745,7 @@ def ps_fetch(argv: list[str] | None = None) -> int:
 
     from psbench.core.spec import RunSpec
     from psbench.systems.common import prepare
-    from psbench.systems.ps.server import read_token
+    from psbench.core.exposure import read_token
     from psbench.systems.ps.worker import ADMIN, KVWorker
 
     p = argparse.ArgumentParser(prog="python -m psbench.bench.lab.cluster ps-fetch")
