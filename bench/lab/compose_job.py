@@ -121,7 +121,7 @@ def wait_for_files(paths: list[Path], timeout_s: float = 120.0) -> None:
 
 
 def run_job(args: argparse.Namespace) -> Path:
-    from psbench.bench.lab.cluster import collect_ps_files, ps_fetch
+    from psbench.bench.lab.cluster.records import collect_ps_files, ps_fetch
     from psbench.core.records import Recorder
     from psbench.systems.common import prepare
     from psbench.systems.ps.policies import parse_consistency
