@@ -312,6 +312,22 @@ def test_roles_and_counts_come_from_the_hosts():
     assert all("tok" not in r.argv for r in roles)
 
 
+@pytest.mark.parametrize("launcher, backend", [("local", "LocalHosts"), ("netns", "NetnsHosts"), ("ssh", "SshHosts")])
+def test_every_launcher_is_a_hosts_backend(launcher: str, backend: str):
+    """The runner sees only the Hosts interface: each launcher's backend implements all of it (an
+    abstract method left out could not be built); only ssh's roles neither share this file system
+    nor run this interpreter."""
+    address = '\naddress = "10.1.0.1"' if launcher == "ssh" else ""
+    cf = parse(f'[[hosts]]{address}\nroles = ["ps-server", "worker"]\n', launcher=launcher)
+    hosts = cluster_hosts.hosts_for(cf, "job")
+    assert isinstance(hosts, cluster_hosts.Hosts) and type(hosts).__name__ == backend
+    local = Path("/tmp/x")
+    shared = launcher != "ssh"
+    assert (hosts.scratch(local) == str(local)) == shared and (hosts.python == sys.executable) == shared
+    if launcher != "netns":   # a lab's addresses come when it is up
+        assert hosts.addr(0) == {"local": "127.0.0.1", "ssh": "10.1.0.1"}[launcher]
+
+
 def test_ddp_nodes_get_rank_and_master():
     cf = parse("""
         [run.options]

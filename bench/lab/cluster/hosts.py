@@ -225,3 +225,12 @@ class NetnsHosts(Hosts):
 
     def wait_listening(self, host: int, port: int, timeout: float) -> None:
         self.lab.wait_listening(host, port, timeout)
+
+
+def hosts_for(cf: ClusterFile, job: str) -> Hosts:
+    """The backend the file's launcher names (`job`: the run's own folder name on ssh hosts)."""
+    if cf.launcher == "netns":
+        return NetnsHosts(cf)
+    if cf.launcher == "ssh":
+        return SshHosts(cf, job)
+    return LocalHosts(len(cf.hosts))

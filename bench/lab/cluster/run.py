@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from psbench.bench.lab.cluster.file import ClusterFile
-from psbench.bench.lab.cluster.hosts import Hosts, LocalHosts, NetnsHosts, SshHosts, ssh_argv
+from psbench.bench.lab.cluster.hosts import Hosts, hosts_for, ssh_argv
 from psbench.bench.lab.cluster.records import collect_ddp, collect_ps, recorded_spec
 from psbench.bench.lab.cluster.roles import PlannedRole, RoleFailed, plan_roles
 from psbench.core.errors import ConfigError
@@ -149,8 +149,7 @@ def run_file(cf: ClusterFile, results_dir: Path, resume: bool = True, record_for
     recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
     token = secrets.token_hex(16) if cf.spec.system == "ps" else None
     job = secrets.token_hex(6)
-    hosts: Hosts = (NetnsHosts(cf) if cf.launcher == "netns" else SshHosts(cf, job) if cf.launcher == "ssh"
-                    else LocalHosts(len(cf.hosts)))
+    hosts = hosts_for(cf, job)
     try:
         with tempfile.TemporaryDirectory(prefix="psbench-cluster-") as tmp, hosts:
             os.chmod(tmp, 0o755)
