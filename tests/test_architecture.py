@@ -79,6 +79,25 @@ def test_every_import_points_down_the_layers():
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
+# Where one system's package imports another's: only where it is built on it. Strategy-Switch runs
+# PS and DDP phases; the PS worker can stop at a switch criterion; rpc-ps listens for torch's store
+# as DDP does. Shared helpers (the exposure check, the token) live in the core or in systems/*.py.
+BUILT_ON = {("switch", "ps"), ("switch", "ddp"), ("ps", "switch"), ("rpc_ps", "ddp")}
+
+
+def test_a_system_imports_another_only_where_it_is_built_on_it():
+    systems = {path.parent.name for m, path in source_modules().items()
+               if m.startswith("psbench.systems.") and path.name == "__init__.py"}
+
+    def system_of(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[2] in systems else None
+
+    crossing = {(system_of(m), system_of(d)) for m, deps in import_graph().items() for d in deps
+                if system_of(m) and system_of(d) and system_of(m) != system_of(d)}
+    assert crossing <= BUILT_ON, f"a system imports another's package: {sorted(crossing - BUILT_ON)}"
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan), each a cycle."""
     index: dict[str, int] = {}

@@ -14,7 +14,7 @@ import pytest
 from psbench.core.tables import read_table
 
 from psbench.bench.lab.compose_job import Tracker, Watch
-from psbench.systems.ps.server import check_exposure, is_loopback, read_token
+from psbench.core.exposure import check_exposure, is_loopback, read_token
 from psbench.systems.spark import daemon
 from psbench.systems.spark.session import SparkOptions, check_driver_exposure
 from psbench.core.errors import ConfigError

@@ -15,7 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from psbench.bench.lab import cluster, netlab
+from psbench.bench.lab import netlab
+from psbench.bench.lab.cluster import file as cluster_file
+from psbench.bench.lab.cluster import hosts as cluster_hosts
+from psbench.bench.lab.cluster import roles as cluster_roles
+from psbench.bench.lab.cluster import run as cluster_run
 from psbench.bench.lab.netlab import NetLab, Role
 from psbench.core.errors import ConfigError
 from psbench.core.tables import read_table
@@ -107,7 +111,7 @@ def test_ddp_cluster_file_three_namespace_hosts(tmp_path: Path, results_dir: Pat
         roles = ["worker"]
     """)
     before = set(netlab.list_namespaces())
-    result = cluster.run_file(cluster.load(path), results_dir)
+    result = cluster_run.run_file(cluster_file.load(path), results_dir)
     assert set(netlab.list_namespaces()) <= before          # the lab is gone (another's may end meanwhile)
     run_dir = results_dir / "multihost" / result.run_id
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -143,7 +147,7 @@ def test_failing_role_fails_the_run_and_removes_the_lab(tmp_path: Path, results_
     before = set(netlab.list_namespaces())
     with pytest.raises(RuntimeError, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
                                            r"step 3 \(PSBENCH_INJECT_FAULT\) \(log: \S*/cluster/failed/[^/]*\.log\)$") as failed:
-        cluster.run_file(cluster.load(path), results_dir)
+        cluster_run.run_file(cluster_file.load(path), results_dir)
     kept = Path(failed.value.args[0].rpartition("(log: ")[2][:-1]).read_text()
     # node1's log, then the traceback chain its own `psbench run` kept (in a folder removed since)
     assert "--- node1 on h1 (exit code 1), its log:" in kept and "\n--- ddp-mlp-digits-w3-s0-" in kept
@@ -190,7 +194,7 @@ def test_ps_cluster_file_on_loopback(tmp_path: Path, results_dir: Path):
     assert len(val) == 2 and val[-1] > val[0] + 0.3       # the servers' final model was fetched and evaluated
     assert len(manifest["extra"]["ps"]["shards"]) == 1
     # resume: a second call finds the run complete and runs nothing
-    assert cluster.run_file(cluster.load(path), results_dir) is None
+    assert cluster_run.run_file(cluster_file.load(path), results_dir) is None
 
 
 def test_a_role_that_fails_on_a_cluster_host_is_one_line_and_its_log_is_kept(tmp_path: Path, results_dir: Path,
@@ -199,14 +203,14 @@ def test_a_role_that_fails_on_a_cluster_host_is_one_line_and_its_log_is_kept(tmp
     whole log under the suite's failed/ folder, and no run folder."""
     from psbench.bench.cli import main
 
-    real = cluster._plan_roles
+    real = cluster_roles._plan_roles
 
     def worker0_fails(*args, **kwargs):
         roles = real(*args, **kwargs)
         next(r for r in roles if r.name == "worker0").argv += ["--fail-at-step", "1"]
         return roles
 
-    monkeypatch.setattr(cluster, "_plan_roles", worker0_fails)
+    monkeypatch.setattr(cluster_roles, "_plan_roles", worker0_fails)
     path = loopback_ps_file(tmp_path, "c", 20, ["ps-server"])
     assert main(["run", "--cluster", str(path), "--results-dir", str(results_dir), "--no-progress"]) == 1
     (log,) = (results_dir / "c" / "failed").glob("*.log")
@@ -252,21 +256,21 @@ def test_the_role_that_broke_a_collective_is_the_first_cause_not_its_peers(tmp_p
 
     cf = parse('[run.options]\ninsecure = true\n[[hosts]]\nroles = ["worker"]\n[[hosts]]\nroles = ["worker"]\n',
                system="ddp")
-    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2"], "python", str(tmp_path))
+    roles = cluster_roles.plan_roles(cf, ["198.18.0.1", "198.18.0.2"], "python", str(tmp_path))
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
     logs[0].write_text("psbench: run failed: ddp worker rank 0 failed: RuntimeError: [gloo/pair.cc:537] Read error "
                        "[198.18.0.2]:5032: Connection reset by peer\n")
     logs[1].write_text("psbench: run failed: ddp worker rank 1 failed: RuntimeError: injected fault at step 3\n")
     os.utime(logs[0], (1.0, 1.0))
     deadline = time.monotonic() + 60
-    with pytest.raises(cluster.RoleFailed, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
+    with pytest.raises(cluster_roles.RoleFailed, match=r"^h1 node1: ddp worker rank 1 failed: RuntimeError: injected fault at "
                                                  r"step 3\n--- node1 on h1 \(exit code 1\)") as both:
-        cluster._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(1), logs[1])], [], deadline)
+        cluster_run._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(1), logs[1])], [], deadline)
     assert "--- node0 on h0 (exit code 1), its log:" in str(both.value)
-    monkeypatch.setattr(cluster, "PEERS_FAIL_S", 0.3)
+    monkeypatch.setattr(cluster_run, "PEERS_FAIL_S", 0.3)
     t0 = time.monotonic()
-    with pytest.raises(cluster.RoleFailed, match=r"^h0 node0: ddp worker rank 0 failed: .*Connection reset by peer"):
-        cluster._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(None), logs[1])], [], deadline)
+    with pytest.raises(cluster_roles.RoleFailed, match=r"^h0 node0: ddp worker rank 0 failed: .*Connection reset by peer"):
+        cluster_run._wait(cf, [(roles[0], _Exited(1), logs[0]), (roles[1], _Exited(None), logs[1])], [], deadline)
     assert time.monotonic() - t0 >= 0.3
 
 
@@ -284,7 +288,7 @@ BASE = """
 def parse(text: str, launcher: str = "local", system: str = "ps"):
     import tomllib
 
-    return cluster.parse(tomllib.loads(textwrap.dedent(BASE.format(launcher=launcher, system=system)) +
+    return cluster_file.parse(tomllib.loads(textwrap.dedent(BASE.format(launcher=launcher, system=system)) +
                                        textwrap.dedent(text)))
 
 
@@ -298,7 +302,7 @@ def test_roles_and_counts_come_from_the_hosts():
         roles = ["worker", "worker"]
     """)
     assert cf.spec.workers == 3 and cf.spec.options["servers"] == 2
-    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2", "198.18.0.3"], "python", "/s", "tok")
+    roles = cluster_roles.plan_roles(cf, ["198.18.0.1", "198.18.0.2", "198.18.0.3"], "python", "/s", "tok")
     assert [(r.name, r.host, r.stage) for r in roles] == [
         ("ps-server0", 0, "server"), ("ps-server1", 1, "server"), ("worker0", 1, "worker"),
         ("worker1", 2, "worker"), ("worker2", 2, "worker"), ("ps-fetch", 1, "finish")]
@@ -306,6 +310,22 @@ def test_roles_and_counts_come_from_the_hosts():
     assert "198.18.0.1:29500,198.18.0.2:29501" in roles[2].argv
     assert all(r.env == {"PSBENCH_PS_TOKEN": "tok"} for r in roles)   # the token never in argv
     assert all("tok" not in r.argv for r in roles)
+
+
+@pytest.mark.parametrize("launcher, backend", [("local", "LocalHosts"), ("netns", "NetnsHosts"), ("ssh", "SshHosts")])
+def test_every_launcher_is_a_hosts_backend(launcher: str, backend: str):
+    """The runner sees only the Hosts interface: each launcher's backend implements all of it (an
+    abstract method left out could not be built); only ssh's roles neither share this file system
+    nor run this interpreter."""
+    address = '\naddress = "10.1.0.1"' if launcher == "ssh" else ""
+    cf = parse(f'[[hosts]]{address}\nroles = ["ps-server", "worker"]\n', launcher=launcher)
+    hosts = cluster_hosts.hosts_for(cf, "job")
+    assert isinstance(hosts, cluster_hosts.Hosts) and type(hosts).__name__ == backend
+    local = Path("/tmp/x")
+    shared = launcher != "ssh"
+    assert (hosts.scratch(local) == str(local)) == shared and (hosts.python == sys.executable) == shared
+    if launcher != "netns":   # a lab's addresses come when it is up
+        assert hosts.addr(0) == {"local": "127.0.0.1", "ssh": "10.1.0.1"}[launcher]
 
 
 def test_ddp_nodes_get_rank_and_master():
@@ -320,7 +340,7 @@ def test_ddp_nodes_get_rank_and_master():
         roles = ["worker", "worker"]
     """, launcher="netns", system="ddp")
     assert cf.spec.workers == 4
-    roles = cluster.plan_roles(cf, ["198.18.0.1", "198.18.0.2", "198.18.0.3"], "python", "/s")
+    roles = cluster_roles.plan_roles(cf, ["198.18.0.1", "198.18.0.2", "198.18.0.3"], "python", "/s")
     assert [(r.name, r.host) for r in roles] == [("node0", 0), ("node1", 2)]
     argv = roles[1].argv
     for flag, value in [("--master-addr", "198.18.0.1"), ("--nnodes", "2"), ("--node-rank", "1"), ("--workers", "4")]:
@@ -385,15 +405,15 @@ def tomllib_loads(text: str) -> dict:
 def test_ssh_launcher_dry_run_builds_the_commands(tmp_path: Path, capsys):
     path = write(tmp_path, SSH_HOSTS.format(address="10.1.0.2") +
                  '[ssh]\nuser = "bench"\nworkdir = "/opt/psbench dir"\npython = ".venv/bin/python"\n')
-    cf = cluster.load(path)
-    roles = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
-    argv = cluster.ssh_argv(cf, roles[1])
+    cf = cluster_file.load(path)
+    roles = cluster_roles.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], cf.ssh.python, ".psbench-cluster", "t0k")
+    argv = cluster_hosts.ssh_argv(cf, roles[1])
     assert argv[:7] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", "bench@10.1.0.2"]
     # the token is read from the session's stdin, never part of the command (ps shows it on both ends)
     assert argv[7].startswith("cd '/opt/psbench dir' && IFS= read -r PSBENCH_PS_TOKEN && export PSBENCH_PS_TOKEN && "
                               ": || exit 1; exec .venv/bin/python -m psbench ps-worker --servers 10.1.0.1:29500 "
                               "--worker-id 0")
-    assert not any("t0k" in a for a in argv) and cluster.ssh_stdin(roles[1].env) == b"t0k\n"
+    assert not any("t0k" in a for a in argv) and cluster_hosts.ssh_stdin(roles[1].env) == b"t0k\n"
     # running it for real is tests/test_ssh_launcher.py (sshd in namespace hosts); never 10.x here
     from psbench.bench.cli import main
 
@@ -432,10 +452,10 @@ def test_an_address_that_is_an_ssh_option_is_refused_in_one_line(tmp_path: Path,
 def test_host_addresses_are_hostnames_or_ip_literals(address: str, ok: bool):
     text = SSH_HOSTS.format(address=address)
     if ok:
-        assert cluster.parse(tomllib_loads(text)).hosts[1].address == address
+        assert cluster_file.parse(tomllib_loads(text)).hosts[1].address == address
     else:
         with pytest.raises(ConfigError, match=r"hosts\[1\] \(w\) address .* is not a host address; allowed: "):
-            cluster.parse(tomllib_loads(text))
+            cluster_file.parse(tomllib_loads(text))
 
 
 @pytest.mark.parametrize("key, value, message", [
@@ -450,19 +470,19 @@ def test_ssh_user_and_host_names_are_plain_names(key: str, value: str, message: 
     else:
         raw["hosts"][1]["name"] = value
     with pytest.raises(ConfigError, match=message):
-        cluster.parse(raw)
+        cluster_file.parse(raw)
 
 
 def test_every_ssh_and_scp_ends_its_options_before_the_destination(tmp_path: Path, monkeypatch):
     """Defence in depth: "--" before each destination (role commands, the hosts' folders, the copy
     back), so an address that got past the check would still be a host name to ssh."""
-    cf = cluster.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2") + '[ssh]\nuser = "bench"\n'))
-    role = cluster.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], "python", ".s", "tok")[1]
-    assert cluster.ssh_argv(cf, role, guard=True)[5:7] == ["--", "bench@10.1.0.2"]
+    cf = cluster_file.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2") + '[ssh]\nuser = "bench"\n'))
+    role = cluster_roles.plan_roles(cf, ["10.1.0.1", "10.1.0.2"], "python", ".s", "tok")[1]
+    assert cluster_hosts.ssh_argv(cf, role, guard=True)[5:7] == ["--", "bench@10.1.0.2"]
     seen: list[list[str]] = []
-    monkeypatch.setattr(cluster.subprocess, "run",
+    monkeypatch.setattr(cluster_hosts.subprocess, "run",
                         lambda argv, **kw: seen.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
-    hosts = cluster.SshHosts(cf, "job")
+    hosts = cluster_hosts.SshHosts(cf, "job")
     with hosts:
         hosts.fetch(role, tmp_path)
     mkdirs, fetch, removes = seen[:2], seen[2], seen[3:]
@@ -475,7 +495,7 @@ def test_every_ssh_and_scp_ends_its_options_before_the_destination(tmp_path: Pat
 def test_the_ssh_client_takes_an_option_after_dashdash_as_a_host(tmp_path: Path):
     """The real OpenSSH client with our argv, the check bypassed: after "--" the injected address is
     a (bad) host name, so its proxy command never runs; `ssh -G` shows "--" ends the options."""
-    cf = cluster.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2")))
+    cf = cluster_file.parse(tomllib_loads(SSH_HOSTS.format(address="10.1.0.2")))
     env = {**os.environ, "HOME": str(tmp_path)}   # no ~/.ssh of this machine's user is read
     for argv in (cf.ssh.command(INJECTED, "true"), cf.ssh.copy_back(INJECTED, "/x", str(tmp_path / "in"))):
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30,

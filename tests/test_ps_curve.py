@@ -17,10 +17,10 @@ import pytest
 
 from psbench.bench.lab import netlab
 from psbench.bench.lab.netlab import NetLab
+from psbench.core.exposure import TOKEN_ENV, address_host
 from psbench.systems.common import child_env
 from psbench.systems.ps import curve
 from psbench.systems.ps.launch import Cluster
-from psbench.systems.ps.server import TOKEN_ENV
 from psbench.systems.ps.worker import ADMIN, KVWorker
 
 REASON = netlab.unavailable_reason()
@@ -42,7 +42,8 @@ while True:
 SERVER = """
 import sys
 from psbench.systems.ps import protocol
-from psbench.systems.ps.server import Shard, read_token, serve
+from psbench.core.exposure import read_token
+from psbench.systems.ps.server import Shard, serve
 with protocol.zmq_process():
     serve(Shard(0, 1, lr=0.5), sys.argv[1], int(sys.argv[2]), read_token(None),
           curve=None if sys.argv[3] == "default" else False)
@@ -52,7 +53,7 @@ with protocol.zmq_process():
 CLIENT = """
 import sys
 import numpy as np
-from psbench.systems.ps.server import read_token
+from psbench.core.exposure import read_token
 from psbench.systems.ps.worker import ADMIN, KVWorker
 pattern = np.frombuffer(bytes.fromhex(sys.argv[3]) * 1024, np.float32)
 with KVWorker([sys.argv[1]], ADMIN, [pattern.shape], read_token(None), timeout_s=30,
@@ -107,7 +108,7 @@ def test_curve_is_off_on_loopback_unless_asked_and_on_beyond_it():
     assert curve.wanted("127.0.0.1", "t", True) and not curve.wanted("198.18.0.1", "t", False)
     with pytest.raises(Exception, match="CURVE needs the job's token"):
         curve.wanted("127.0.0.1", None, True)
-    assert curve.address_host("tcp://198.18.0.1:7") == "198.18.0.1" and curve.address_host("[::1]:7") == "[::1]"
+    assert address_host("tcp://198.18.0.1:7") == "198.18.0.1" and address_host("[::1]:7") == "[::1]"
     # the server key is the token's: the same token, the same key; another token, another key
     assert curve.server_keys("a") == curve.server_keys("a") != curve.server_keys("b")
 

@@ -249,7 +249,7 @@ def test_ps_worker_auto_id_by_hand(tmp_path):
 def test_ps_server_accepts_an_explicit_all_interfaces_bind():
     """Parse only (tests never listen beyond loopback); the adapter's own launches keep the guard."""
     from psbench.bench.cli import build_parser
-    from psbench.systems.ps.server import split_address
+    from psbench.core.exposure import split_address
 
     args = build_parser().parse_args(["ps-server", "--bind", "0.0.0.0:5555", "--workers", "2", "--lr", "0.1"])
     assert split_address(args.bind) == ("0.0.0.0", 5555)

@@ -71,7 +71,7 @@ def test_a_bad_experiment_file_is_one_line_naming_file_field_and_what_is_allowed
 
 
 def test_a_suite_name_from_the_command_line_or_a_cluster_file_stays_inside_results(tmp_path, capsys):
-    from psbench.bench.lab import cluster
+    from psbench.bench.lab.cluster import file as cluster_file
 
     line = _one_line_exit_2(["run", "--system", "single", "--workload", "mlp-digits", "--suite", "../out",
                              "--results-dir", str(tmp_path / "r")], capsys)
@@ -79,12 +79,12 @@ def test_a_suite_name_from_the_command_line_or_a_cluster_file_stays_inside_resul
     raw = {"launcher": "local", "suite": "/etc", "run": {"system": "ps", "workload": "mlp-digits"},
            "hosts": [{"name": "a", "roles": ["ps-server", "worker"]}]}
     with pytest.raises(ConfigError, match=r"cluster\.toml: suite: got '/etc'"):
-        cluster.parse(raw, "cluster.toml")
-    assert cluster.parse({**raw, "suite": "lab-1"}, "cluster.toml").suite == "lab-1"
+        cluster_file.parse(raw, "cluster.toml")
+    assert cluster_file.parse({**raw, "suite": "lab-1"}, "cluster.toml").suite == "lab-1"
 
 
 def test_a_run_by_hand_and_a_cluster_files_run_meet_the_same_bounds(tmp_path, capsys):
-    from psbench.bench.lab import cluster
+    from psbench.bench.lab.cluster import file as cluster_file
 
     line = _one_line_exit_2(["run", "--system", "single", "--workload", "mlp-digits", "-np", str(MAX_WORKERS + 1),
                              "--results-dir", str(tmp_path / "r"), "--no-progress"], capsys)
@@ -94,8 +94,8 @@ def test_a_run_by_hand_and_a_cluster_files_run_meet_the_same_bounds(tmp_path, ca
     raw = {"launcher": "local", "run": {"system": "ps", "workload": "mlp-digits", "seed": "1"},
            "hosts": [{"name": "a", "roles": ["ps-server", "worker"]}]}
     with pytest.raises(ConfigError, match=r"^cluster\.toml: \[run\] seed: got '1' \(text\); allowed: an integer"):
-        cluster.parse(raw, "cluster.toml")
-    assert cluster.parse({**raw, "run": {**raw["run"], "seed": 1}}, "cluster.toml").spec.seed == 1
+        cluster_file.parse(raw, "cluster.toml")
+    assert cluster_file.parse({**raw, "run": {**raw["run"], "seed": 1}}, "cluster.toml").spec.seed == 1
 
 
 def test_every_shipped_experiment_fits_the_schema_and_the_workers_bound():

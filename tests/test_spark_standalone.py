@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from psbench.bench.lab import netlab
-from psbench.bench.lab.cluster import LocalHosts, NetnsHosts
+from psbench.bench.lab.cluster.hosts import LocalHosts, NetnsHosts
 from psbench.bench.lab.netlab import NetLab
 from psbench.bench.lab.spark_cluster import SparkCluster
 from psbench.core.tables import read_table

@@ -105,14 +105,16 @@ def test_a_worker_that_fails_on_an_sshd_host_is_one_line_and_its_log_is_kept(tmp
 
 def test_stopping_the_ssh_launcher_stops_the_remote_roles(tmp_path: Path):
     """A guarded role dies with its ssh connection: kill the launcher's ssh, the remote server ends."""
-    from psbench.bench.lab import cluster
+    from psbench.bench.lab.cluster import file as cluster_file
+    from psbench.bench.lab.cluster import hosts as cluster_hosts
+    from psbench.bench.lab.cluster import roles as cluster_roles
 
     with NetLab(hosts=2) as lab, SshLab(lab, hosts=[1]) as ssh:
-        cf = cluster.parse({"launcher": "ssh", "run": {"system": "ps", "workload": "mlp-digits"},
+        cf = cluster_file.parse({"launcher": "ssh", "run": {"system": "ps", "workload": "mlp-digits"},
                             "ssh": {"config": str(ssh.kit.config), "workdir": "/"},
                             "hosts": [{"name": "a", "address": lab.addr(1), "roles": ["ps-server", "worker"]}]})
-        role = cluster.PlannedRole("sleeper", 0, ["sleep", "300"], "server")
-        proc = lab.exec(0, cluster.ssh_argv(cf, role, guard=True), stdin=subprocess.PIPE)
+        role = cluster_roles.PlannedRole("sleeper", 0, ["sleep", "300"], "server")
+        proc = lab.exec(0, cluster_hosts.ssh_argv(cf, role, guard=True), stdin=subprocess.PIPE)
         for _ in range(100):
             if any("sleep 300" in c for c in _cmdlines(lab, 1)):
                 break

@@ -49,7 +49,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     defaults = RunSpec("x", "y")
     g = p.add_argument_group("what to run")
     g.add_argument("--config", type=Path, help="experiment file (TOML/YAML): a matrix of runs; other flags then ignored")
-    g.add_argument("--cluster", type=Path, help="cluster file (TOML/YAML): one run placed on hosts (bench/lab/cluster.py)")
+    g.add_argument("--cluster", type=Path, help="cluster file (TOML/YAML): one run placed on hosts (bench/lab/cluster/file.py)")
     g.add_argument("--dry-run", action="store_true",
                    help="print each run's plan (its cores; done or to run), or with --cluster each role's command; "
                         "run nothing")
@@ -144,13 +144,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     _check_trackers(args)
     if args.cluster:
-        from psbench.bench.lab import cluster
+        from psbench.bench.lab.cluster.file import load as load_cluster
+        from psbench.bench.lab.cluster.run import dry_run, run_file
 
-        cf = cluster.load(args.cluster)
+        cf = load_cluster(args.cluster)
         if args.dry_run:
-            print("\n".join(cluster.dry_run(cf)))
+            print("\n".join(dry_run(cf)))
             return 0
-        result = cluster.run_file(cf, args.results_dir, resume=not args.no_resume, record_format=args.record_format)
+        result = run_file(cf, args.results_dir, resume=not args.no_resume, record_format=args.record_format)
         _print_summaries([result] if result else [])
         print(f"results: {Path(args.results_dir) / cf.suite}")
         _track(args, Path(args.results_dir) / cf.suite, [result])

@@ -121,11 +121,11 @@ def wait_for_files(paths: list[Path], timeout_s: float = 120.0) -> None:
 
 
 def run_job(args: argparse.Namespace) -> Path:
-    from psbench.bench.lab.cluster import collect_ps_files, ps_fetch
+    from psbench.bench.lab.cluster.records import collect_ps_files, ps_fetch
     from psbench.core.records import Recorder
     from psbench.systems.common import prepare
     from psbench.systems.ps.policies import parse_consistency
-    from psbench.systems.ps.server import check_exposure, split_address, token_from_args
+    from psbench.core.exposure import TOKEN_ENV, check_exposure, split_address, token_from_args
     import psutil
 
     from psbench.systems.ps.worker import _spec
@@ -165,7 +165,7 @@ def run_job(args: argparse.Namespace) -> Path:
         watch.shutdown()
         raise
     fetched = scratch / "final.npz"
-    env_token = {"PSBENCH_PS_TOKEN": token} if token else {}
+    env_token = {TOKEN_ENV: token} if token else {}
     os.environ.update(env_token)
     ps_fetch(["--servers", ",".join(servers), "--workload", spec.workload, "--seed", str(spec.seed),
               "--out", str(fetched)])
@@ -183,7 +183,7 @@ def run_job(args: argparse.Namespace) -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from psbench.systems.ps.server import add_token_argument
+    from psbench.core.exposure import add_token_argument
 
     from psbench.systems.ps.worker import add_spec_arguments
 

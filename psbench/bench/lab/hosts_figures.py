@@ -49,7 +49,7 @@ SPARK_ARGS = ["--workload", "mlp-digits", "-np", "2", "--max-steps", "30", "--em
 
 
 def spark_pair(repeats: int, out: Path) -> list[str]:
-    from psbench.bench.lab.cluster import NetnsHosts
+    from psbench.bench.lab.cluster.hosts import NetnsHosts
     from psbench.bench.lab.netlab import NetLab
     from psbench.bench.lab.spark_cluster import SparkCluster
 

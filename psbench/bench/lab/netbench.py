@@ -24,7 +24,9 @@ from typing import Any
 import pandas as pd
 
 from psbench.bench.harness.steady import steady_rate
-from psbench.bench.lab.cluster import ClusterFile, Host, recorded_spec, run_file
+from psbench.bench.lab.cluster.file import ClusterFile, Host
+from psbench.bench.lab.cluster.records import recorded_spec
+from psbench.bench.lab.cluster.run import run_file
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 from psbench.core.tables import read_table

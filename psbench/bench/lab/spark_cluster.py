@@ -33,10 +33,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from psbench.core.errors import ConfigError
 from psbench.core.supervisor import stop_tree, tail
+
+if TYPE_CHECKING:
+    from psbench.bench.lab.cluster.hosts import Hosts
 
 REGISTERED = "Successfully registered with master"
 
@@ -49,10 +52,10 @@ def free_port() -> int:
 
 class SparkCluster:
     """Context manager: the master on host `master`, one worker per entry of `workers` (a host may
-    repeat), all started through `hosts` (cluster.LocalHosts or cluster.NetnsHosts), stopped and
+    repeat), all started through `hosts` (cluster.hosts.LocalHosts or NetnsHosts), stopped and
     their folders removed on exit. Ready when every worker has registered with the master."""
 
-    def __init__(self, hosts, master: int, workers: Sequence[int], cores: int = 1, memory: str = "1g",
+    def __init__(self, hosts: Hosts, master: int, workers: Sequence[int], cores: int = 1, memory: str = "1g",
                  port: int | None = None, token: str | None = None, interface: str | None = None,
                  start_timeout_s: float = 120.0):
         if not workers:
@@ -173,7 +176,7 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
-    from psbench.bench.lab.cluster import LocalHosts, NetnsHosts
+    from psbench.bench.lab.cluster.hosts import LocalHosts, NetnsHosts
 
     if args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.records import Recorder
+from psbench.core.exposure import check_exposure, is_loopback
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import Supervisor
 from psbench.systems.allreduce_launch import run_job, spawn_ranks
 from psbench.systems.base import System, option
 from psbench.systems.common import child_env, prepare
-from psbench.systems.ps.server import check_exposure, is_loopback
 from psbench.core.errors import ConfigError
 
 # torch's TCPStore and gloo take any connection: no token to give, only the explicit opt-in

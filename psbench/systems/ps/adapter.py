@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from psbench.core.cpu import FORKED, WORKERS, Proc
+from psbench.core.exposure import read_token
 from psbench.core.records import Recorder, split_sync_wait
 from psbench.core.spec import RunSpec
 from psbench.systems.base import System, option
@@ -33,7 +34,7 @@ from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.launch import Cluster, Faults
 from psbench.systems.ps.partition import partition_keys
 from psbench.systems.ps.policies import parse_consistency, parse_mitigation, parse_warmup, resolve_step
-from psbench.systems.ps.server import NONFINITE_MODES, read_token
+from psbench.systems.ps.server import NONFINITE_MODES
 from psbench.systems.ps.worker import ADMIN, KVWorker
 from psbench.core.errors import ConfigError
 
@@ -133,7 +134,7 @@ def _loopback(host: str) -> bool:
     """Loopback, or the benchmark range used inside network namespaces we create."""
     import ipaddress
 
-    from psbench.systems.ps.server import is_loopback
+    from psbench.core.exposure import is_loopback
 
     try:
         return is_loopback(host) or ipaddress.ip_address(host) in ipaddress.ip_network("198.18.0.0/15")

@@ -1,4 +1,4 @@
-"""Where the PS wire leaves the machine (`is_loopback`), and its encryption there: ZeroMQ's CURVE
+"""The PS wire's encryption beyond loopback (psbench.core.exposure.is_loopback): ZeroMQ's CURVE
 (CurveZMQ: Curve25519 key agreement, XSalsa20-Poly1305 boxes, a fresh session key per connection).
 
 A shard bound beyond loopback with a token speaks CURVE, and so does every client that connects
@@ -20,6 +20,8 @@ import hashlib
 import hmac
 from typing import Any
 
+from psbench.core.exposure import TOKEN_ENV, is_loopback
+
 _LABEL = b"psbench ps curve server key v1"
 
 
@@ -31,25 +33,8 @@ def wanted(host: str, token: str | None, curve: bool | None = None) -> bool:
         from psbench.core.errors import ConfigError
 
         raise ConfigError("CURVE needs the job's token (its server key is derived from it): give a token "
-                          "(--token-file FILE or env PSBENCH_PS_TOKEN)")
+                          f"(--token-file FILE or env {TOKEN_ENV})")
     return curve
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost; anything else (0.0.0.0, a name, *) is reachable from elsewhere."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def address_host(address: str) -> str:
-    """The host of 'host:port' or 'tcp://host:port'."""
-    return address.split("://", 1)[-1].rpartition(":")[0]
 
 
 def server_keys(token: str) -> tuple[bytes, bytes]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from psbench.core.exposure import TOKEN_ENV
 from psbench.core.zygote import Zygote
 from psbench.core.supervisor import LAUNCHER_PID_ENV, Child, Supervisor, describe_exit, stop_tree
 from psbench.systems.common import child_env
@@ -121,7 +122,7 @@ class Cluster:
 
     def _env(self) -> dict[str, str]:
         # the launcher's pid, which every shard and worker watches (a worker's parent is the zygote)
-        return child_env({LAUNCHER_PID_ENV: str(os.getpid()), **({"PSBENCH_PS_TOKEN": self.token} if self.token else {})})
+        return child_env({LAUNCHER_PID_ENV: str(os.getpid()), **({TOKEN_ENV: self.token} if self.token else {})})
 
     def _spawn(self, role: str, index: int, argv: list[str]) -> Child:
         return self.supervisor.spawn(f"ps {role} {index}", [sys.executable, *argv], env=self._env(), role=role, index=index,

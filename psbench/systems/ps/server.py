@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-import os
 import sys
 import time
 from collections import Counter, deque
@@ -36,7 +35,8 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import checkpoint, protocol
-from psbench.systems.ps.curve import is_loopback, secure_server  # is_loopback: every system's exposure check
+from psbench.core.exposure import add_token_argument, check_exposure, split_address, token_from_args
+from psbench.systems.ps.curve import secure_server
 from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.policies import (Mitigation, Policy, Request, Warmup, make_policy, parse_consistency,
                                          parse_mitigation, parse_warmup)
@@ -784,66 +784,9 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
     return shard
 
 
-def split_address(text: str) -> tuple[str, int]:
-    from psbench.core.errors import ConfigError
-
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError(f"address '{text}' must be host:port, e.g. 127.0.0.1:5555")
-    return host, int(port)
-
-
-TOKEN_ENV = "PSBENCH_PS_TOKEN"
-PS_REMEDY = f"give a token (--token-file FILE or env {TOKEN_ENV}), or --insecure to accept any client"
-
-
-def add_token_argument(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--token-file", metavar="FILE", help=f"{what}: read from FILE (its first line; readable by its "
-                   f"owner only), else env {TOKEN_ENV}; never a command-line value, which any local user can read")
-    p.add_argument("--token", help=argparse.SUPPRESS)  # caught, so that it is not taken for --token-file
-
-
 def add_curve_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--curve", action="store_true", help="encrypt with CURVE on loopback too (beyond loopback a job "
                    "with a token is always encrypted); needs the token, from which the server key is derived")
-
-
-def token_from_args(args: argparse.Namespace) -> str | None:
-    from psbench.core.errors import ConfigError
-
-    if args.token is not None:
-        raise ConfigError(f"--token takes no value on the command line, where any local user can read it (ps): "
-                          f"use --token-file FILE (mode 600) or env {TOKEN_ENV}")
-    return read_token(args.token_file)
-
-
-def read_token(path: str | None) -> str | None:
-    """The job's token: the first line of `path` (which no one but its owner may read), else env
-    PSBENCH_PS_TOKEN, else None."""
-    from psbench.core.errors import ConfigError
-
-    if path is None:
-        return os.environ.get(TOKEN_ENV) or None
-    try:
-        mode = os.stat(path).st_mode
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"token file {path}: {exc.strerror}") from None
-    if mode & 0o077:
-        raise ConfigError(f"token file {path} is readable by other users (mode {mode & 0o777:o}): chmod 600 {path}")
-    if not lines or not lines[0].strip():
-        raise ConfigError(f"token file {path} is empty: its first line is the token")
-    return lines[0].strip()
-
-
-def check_exposure(what: str, host: str, token: str | bool | None, insecure: bool, remedy: str = PS_REMEDY) -> None:
-    """A server bound beyond loopback needs authentication (a token, or True: it is on), or an
-    explicit opt-out (--insecure); `remedy` says how, for the system at hand. Every system that
-    binds a port (PS, Spark, DDP, Horovod) asks the same question here."""
-    from psbench.core.errors import ConfigError
-
-    if not is_loopback(host) and not token and not insecure:
-        raise ConfigError(f"{what} binds {host}, which is reachable from other hosts: {remedy}")
 
 
 def main(args: argparse.Namespace) -> int:

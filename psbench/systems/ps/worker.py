@@ -22,10 +22,11 @@ import numpy as np
 
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import protocol
-from psbench.systems.ps.curve import address_host, secure_client
+from psbench.core.exposure import add_token_argument, address_host, token_from_args
+from psbench.systems.ps.curve import secure_client
 from psbench.systems.ps.curve import wanted as curve_wanted
 from psbench.systems.ps.partition import partition_keys
-from psbench.systems.ps.server import add_curve_argument, add_token_argument, token_from_args
+from psbench.systems.ps.server import add_curve_argument
 
 ADMIN = -1
 PROGRESS_EVERY_S = 1.0  # how often a launched worker sends its new step rows to the launcher

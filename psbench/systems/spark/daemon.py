@@ -37,7 +37,7 @@ def spark_class() -> str:
 
 def command(argv: list[str], environ: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The spark-class argv and environment for `master|worker ARGS [--insecure]`."""
-    from psbench.systems.ps.server import check_exposure
+    from psbench.core.exposure import check_exposure
 
     if not argv or argv[0] not in CLASSES:
         raise ConfigError(f"first argument must be one of {', '.join(CLASSES)}, got {argv[:1]}")

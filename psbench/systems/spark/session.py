@@ -197,7 +197,7 @@ def _local_slots(master: str) -> int | None:
 def check_driver_exposure(conf: dict[str, str], insecure: bool) -> None:
     """A driver bound beyond loopback accepts connections from other hosts: it needs Spark's
     authentication (a token), or an explicit insecure=true."""
-    from psbench.systems.ps.server import check_exposure
+    from psbench.core.exposure import check_exposure
 
     check_exposure("the Spark driver", conf.get("spark.driver.bindAddress", "127.0.0.1"),
                    conf.get("spark.authenticate") == "true", insecure,
