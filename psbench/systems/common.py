@@ -124,11 +124,6 @@ def epoch_arrays(data: Dataset, order: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return np.take(data.x_train, order, axis=0), np.take(data.y_train, order, axis=0)
 
 
-def batch_tensors(data: Dataset, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """A mini-batch of training rows, gathered into fresh arrays (what a worker trains on)."""
-    return torch.from_numpy(data.x_train[idx]), torch.from_numpy(data.y_train[idx])
-
-
 def prepare(spec: RunSpec) -> Prepared:
     workload = get_workload(spec.workload)
     data = workload.load_data(data_dir=spec.data_dir)
