@@ -512,7 +512,8 @@ def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
     # predicts the bandwidth-bound PS run within its stated error
     import os
 
-    from psbench.bench.sim.simulate import DEFAULT_ERROR_BOUND, Calibration, measure_single, model_bytes
+    from psbench.bench.sim.model_size import model_bytes
+    from psbench.bench.sim.simulate import DEFAULT_ERROR_BOUND, Calibration, measure_single
     from psbench.bench.sim.validate import validate_netlab
 
     single = measure_single("mlp-wide-synthetic", 64, 20)

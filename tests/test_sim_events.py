@@ -199,7 +199,7 @@ def test_a_capped_netlab_run_is_simulated_with_its_links_measured_goodput(tmp_pa
     from psbench.bench.sim.calibrate import calibrate_from_suites
     from psbench.bench.sim.check import check_suites, run_network
     from psbench.bench.sim.from_results import netlab_goodput
-    from psbench.bench.sim.simulate import model_bytes
+    from psbench.bench.sim.model_size import model_bytes
     from psbench.core.spec import RunSpec
     from tests.report_fixtures import fake_run
 

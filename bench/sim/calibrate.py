@@ -37,7 +37,7 @@ import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.harness.steady import warmup_mask
-from psbench.bench.sim.simulate import model_bytes
+from psbench.bench.sim.model_size import model_bytes
 from psbench.bench.sim.events import ALLREDUCE_FAMILY, PS_FAMILY, SPARK_ROUNDS, SystemCosts
 from psbench.core.errors import ConfigError
 

@@ -16,6 +16,7 @@ from psbench.bench.report.markdown import markdown_table
 from psbench.bench.sim import project
 from psbench.bench.sim.calibrate import calibrate_from_suites
 from psbench.bench.sim.check import GOAL_MAX, GOAL_MEDIAN, by_variant, check_suites
+from psbench.bench.sim.model_size import model_bytes
 from psbench.core.atomic import atomic_write, atomic_write_csv, atomic_write_text
 from psbench.core.errors import ConfigError
 
@@ -65,8 +66,6 @@ def simulate_results(root: Path, out: Path, stamp: dict[str, Any], max_workers: 
     workers = tuple(n for n in project.WORKERS if n <= max_workers)
     scaling = project.scaling_table(cal, WORKLOAD, batch, workers)
     gap = project.gap_table(scaling)
-    from psbench.bench.sim.simulate import model_bytes
-
     sizes = {f"{WORKLOAD} ({model_bytes(WORKLOAD) / 1e6:.2g} MB)": model_bytes(WORKLOAD),
              "cnn-mnist1d": model_bytes("cnn-mnist1d"), "10 MB": 10_000_000, "ResNet-101 (178 MB)": 178_000_000}
     shards = project.shard_saturation(cal, WORKLOAD, batch, sizes, workers=workers)

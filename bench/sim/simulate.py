@@ -37,7 +37,6 @@ linearly); it does not reproduce TensorFlow's exact PS deployment, which the pap
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import statistics
@@ -46,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from psbench.bench.sim.model_size import model_bytes
 from psbench.core.errors import ConfigError
 
 SYSTEM_MODELS = {"single": "single", "ps": "ps", "allreduce": "allreduce", "ddp": "allreduce",
@@ -246,15 +246,6 @@ def measure_single(workload: str, batch_size: int, steps: int, seed: int = 0,
     s = result.summary
     return {"samples_per_s": s["samples_per_s"], "step_s": s["train_s"] / s["steps"], "steps": s["steps"],
             "samples_per_step": s["samples"] / s["steps"]}
-
-
-@functools.lru_cache(maxsize=None)  # it loads the data set: once per workload and seed
-def model_bytes(workload: str, seed: int = 0) -> int:
-    from psbench.core.spec import RunSpec
-    from psbench.systems.common import prepare
-
-    prep = prepare(RunSpec("single", workload, seed=seed))
-    return 4 * sum(p.numel() for p in prep.build_model().parameters())
 
 
 def measure_compute_points(workload: str, batch_sizes: Sequence[int], steps: int = 100, repeats: int = 3,

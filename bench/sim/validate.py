@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from psbench.bench.sim.simulate import (Calibration, MeasuredRun, Validation, fit_compute, measure_single, model_bytes,
-                            validate)
+from psbench.bench.sim.model_size import model_bytes
+from psbench.bench.sim.simulate import Calibration, MeasuredRun, Validation, fit_compute, measure_single, validate
 from psbench.core.cpu import usable_cores
 
 SYSTEMS = {"ps-bsp": ("ps", {"consistency": "bsp"}), "ps-asp": ("ps", {"consistency": "asp"}), "ddp": ("ddp", {})}
