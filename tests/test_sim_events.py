@@ -183,13 +183,13 @@ def test_simulate_from_results_writes_validation_and_projections(tmp_path: Path,
                  "anchors.csv", "report.md", "projection.png", "provenance.json"):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
-    assert "## Validation against the suites" in report and "goal: median" in report
+    assert "## Measured costs" in report and "## Validation against the suites" in report and "goal: median" in report
     projection = pd.read_csv(out / "projection.csv")
     assert set(projection["workers"]) == {8, 16} and set(projection["link_gbit"]) == {1, 10, 25}
     assert projection["git_sha"].notna().all()
     assert json.loads((out / "calibration.json").read_text())["figures"]
     assert main(["simulate", "--from", str(tmp_path / "res"), "--spark-job-ms", "5"]) == 2
-    assert "closed-form" in capsys.readouterr().err
+    assert "belongs to the analytic model" in capsys.readouterr().err
 
 
 def test_a_capped_netlab_run_is_simulated_with_its_links_measured_goodput(tmp_path: Path):
