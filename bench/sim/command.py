@@ -24,13 +24,14 @@ from psbench.core.records import provenance
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--from", dest="from_results", type=Path, metavar="RESULTS",
-                     help="the event model: its costs measured from the suites in RESULTS (systems, switch, throughput, and "
-                          "kassela's cost_model.json), check it against every run of systems and switch, and project "
+                     help="the event model: costs measured from the suites in RESULTS (systems, switch, throughput, and "
+                          "kassela's cost_model.json), checked against every run of systems and switch, projected "
                           "to 8-1024 workers and the thesis' setups (bench/sim/from_results.py)")
     src.add_argument("--calibrate", metavar="WORKLOAD", default=None,
                      help="the analytic model (the default), its inputs measured here: compute time of WORKLOAD with "
                           "the single system, loopback bandwidth and round trip (default cnn-mnist1d)")
-    src.add_argument("--calibration", type=Path, help="the analytic model, its inputs read from the calibration.json an earlier run wrote")
+    src.add_argument("--calibration", type=Path, metavar="FILE",
+                     help="the analytic model, its inputs read from the calibration.json an earlier run wrote")
     src.add_argument("--preset", choices=sorted(PRESETS), help="the analytic model in a published setting")
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size projected (default 64)")
     p.add_argument("--servers", type=int, default=8, help="shards of the sharded-PS curve (default 8)")
