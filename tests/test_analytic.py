@@ -109,8 +109,12 @@ def test_inputs_measured_here_predict_measured_single_runs(results_dir: Path):
 def test_simulate_cli_writes_plot_and_table(tmp_path: Path, capsys):
     from psbench.bench.cli import main
 
-    inputs_file = tmp_path / "inputs.json"
-    inputs_file.write_text(HAND.to_json())
+    # `--calibration FILE` takes the calibration.json an earlier psbench wrote: these fields, its provenance
+    inputs_file = tmp_path / "calibration.json"
+    inputs_file.write_text(json.dumps({
+        "step_overhead_s": 0.0, "compute_s_per_sample": 1e-3, "model_bytes": 1_000_000, "bandwidth_Bps": 1e8,
+        "rtt_s": 1e-3, "spark_job_overhead_s": 0.05, "spark_task_overhead_s": 0.002, "cores": 0, "workload": "",
+        "source": "measured", "provenance": {"git_sha": "c34bc575a7dca0f42552898e9f81f410d09309fe"}}))
     assert main(["simulate", "--calibration", str(inputs_file), "--batch-size", "100", "--servers", "4",
                  "--out", str(tmp_path / "sim")]) == 0
     out = capsys.readouterr().out
