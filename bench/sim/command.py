@@ -122,7 +122,7 @@ def main_analytic(args: argparse.Namespace) -> int:
         inputs = AnalyticInputs.from_json(args.calibration.read_text())
     elif args.validate:
         inputs, validation = validate_local(args.calibrate or "mlp-wide-synthetic", args.batch_size,
-                                         steps=args.validate_steps, repeats=args.validate_repeats)
+                                            steps=args.validate_steps, repeats=args.validate_repeats)
         validations.append(("loopback runs, 1-4 workers", validation))
     else:
         inputs = measure_inputs(args.calibrate or "cnn-mnist1d")
