@@ -87,7 +87,7 @@ def test_the_report_writes_the_fits_and_simulate_takes_sparks_job_cost_from_them
 
     from psbench.bench.report.document import build_report
     from psbench.bench.sim.command import spark_cost_from_fit
-    from psbench.bench.sim.simulate import PRESETS
+    from psbench.bench.sim.analytic import PRESETS
     from psbench.core.errors import ConfigError
 
     _suite(tmp_path, lambda b: 0.001 + 2e-5 * b)

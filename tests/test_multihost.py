@@ -528,15 +528,16 @@ def test_bandwidth_cap_makes_the_ps_server_link_the_bottleneck(tmp_path: Path):
     assert ratio["capped"] > 1.5 * ratio["uncapped"]
     # one run folder per (system, cap), readable by the report
     assert len(list((tmp_path / "netlab").glob("*/manifest.json"))) == 4
-    # the scale model, given the measured compute time and the capped link's measured goodput,
+    # the analytic model, given the measured compute time and the capped link's measured goodput,
     # predicts the bandwidth-bound PS run within its stated error
     import os
 
-    from psbench.bench.sim.simulate import DEFAULT_ERROR_BOUND, Calibration, measure_single, model_bytes
-    from psbench.bench.sim.validate import validate_netlab
+    from psbench.bench.sim.analytic import DEFAULT_ERROR_BOUND, AnalyticInputs, measure_single
+    from psbench.bench.sim.analytic_check import validate_netlab
+    from psbench.bench.sim.model_size import model_bytes
 
     single = measure_single("mlp-wide-synthetic", 64, 20)
-    cal = Calibration(single["step_s"], 0.0, model_bytes("mlp-wide-synthetic"), 1e9, 1e-4, cores=os.cpu_count() or 1)
-    rows = {r["system"]: r for r in validate_netlab(table, cal).rows}
+    inputs = AnalyticInputs(single["step_s"], 0.0, model_bytes("mlp-wide-synthetic"), 1e9, 1e-4, cores=os.cpu_count() or 1)
+    rows = {r["system"]: r for r in validate_netlab(table, inputs).rows}
     print(f"model error at 100 Mbit/s: PS BSP {rows['ps']['error']:.1%}, DDP ring {rows['ddp']['error']:.1%}")
     assert rows["ps"]["error"] <= DEFAULT_ERROR_BOUND

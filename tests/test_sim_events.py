@@ -1,6 +1,6 @@
 """The event model of the scale model (bench/sim/events.py): hand-computed cases, the Pacer's
 stragglers, the consistency models' waits, a shard's saturation, the switch's phases; the
-calibration from records (bench/sim/calibrate.py) and the check against them (bench/sim/check.py),
+costs measured from records (bench/sim/costs.py) and the check against them (bench/sim/check.py),
 end to end through `psbench simulate --from`."""
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_switch_changes_phase_at_its_time_and_pays_the_handover():
         SimSpec("mpi", "w", 2, 8, max_steps=5)
 
 
-# ---- calibration and check from records ------------------------------------------------------
+# ---- costs and check from records ------------------------------------------------------
 
 def _suites(results: Path) -> None:
     from psbench.core.spec import RunSpec
@@ -148,24 +148,24 @@ def _suites(results: Path) -> None:
                                                                             "update_s": 0.05})
 
 
-def test_calibration_names_its_runs_and_the_check_reads_both_alike(tmp_path: Path):
-    from psbench.bench.sim.calibrate import calibrate_from_suites
+def test_measured_costs_name_their_runs_and_the_check_reads_both_alike(tmp_path: Path):
+    from psbench.bench.sim.costs import costs_from_suites
     from psbench.bench.sim.check import check_suites
 
     _suites(tmp_path)
-    cal = calibrate_from_suites([tmp_path / "systems"])
-    costs = cal.for_run("ps", "mlp-digits", 32)
+    measured = costs_from_suites([tmp_path / "systems"])
+    costs = measured.for_run("ps", "mlp-digits", 32)
     assert costs.compute_cpu_s == pytest.approx(0.006, rel=0.05)
     assert costs.comm_fixed_s == pytest.approx(0.0035, rel=0.05)
-    assert cal.for_run("ps", "mlp-digits", 64).compute_cpu_s == pytest.approx(2 * costs.compute_cpu_s)
-    named = [f for f in cal.figures if f.system == "ps" and f.name.startswith("comm_fixed")]
+    assert measured.for_run("ps", "mlp-digits", 64).compute_cpu_s == pytest.approx(2 * costs.compute_cpu_s)
+    named = [f for f in measured.figures if f.system == "ps" and f.name.startswith("comm_fixed")]
     assert named and "ps-mlp-digits-w1" in named[0].source and named[0].lo <= named[0].value <= named[0].hi
-    with pytest.raises(ConfigError, match="no calibration for horovod"):
-        cal.for_run("horovod", "mlp-digits", 32)
-    check = check_suites([tmp_path / "systems"], cal)
+    with pytest.raises(ConfigError, match="no measured costs of horovod"):
+        measured.for_run("horovod", "mlp-digits", 32)
+    check = check_suites([tmp_path / "systems"], measured)
     df = check.frame()
     assert set(df["workers"]) == {1, 2, 4} and df["calibration_run"].sum() == 3
-    # the 1-worker runs are the calibration's inputs: the event loop gives their step back
+    # the 1-worker runs are the costs' inputs: the event loop gives their step back
     assert df[df["calibration_run"]]["step_s_error"].abs().max() < 0.02
     summary = check.summary()
     assert summary["validated_runs"] == 3 and summary["samples_per_s_error_max"] < 0.10, df
@@ -183,28 +183,28 @@ def test_simulate_from_results_writes_validation_and_projections(tmp_path: Path,
                  "anchors.csv", "report.md", "projection.png", "provenance.json"):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
-    assert "## Validation against the suites" in report and "goal: median" in report
+    assert "## Measured costs" in report and "## Validation against the suites" in report and "goal: median" in report
     projection = pd.read_csv(out / "projection.csv")
     assert set(projection["workers"]) == {8, 16} and set(projection["link_gbit"]) == {1, 10, 25}
     assert projection["git_sha"].notna().all()
     assert json.loads((out / "calibration.json").read_text())["figures"]
     assert main(["simulate", "--from", str(tmp_path / "res"), "--spark-job-ms", "5"]) == 2
-    assert "closed-form" in capsys.readouterr().err
+    assert "belongs to the analytic model" in capsys.readouterr().err
 
 
 def test_a_capped_netlab_run_is_simulated_with_its_links_measured_goodput(tmp_path: Path):
     """`psbench netlab bench`'s runs (cluster files, tc-capped namespace hosts) are checked by the
     event model: each capped run's links get the cap's measured goodput (bandwidth.csv), the lab's
     hosts share the recording machine's cores, and an uncapped run keeps the loopback costs alone."""
-    from psbench.bench.sim.calibrate import calibrate_from_suites
+    from psbench.bench.sim.costs import costs_from_suites
     from psbench.bench.sim.check import check_suites, run_network
     from psbench.bench.sim.from_results import netlab_goodput
-    from psbench.bench.sim.simulate import model_bytes
+    from psbench.bench.sim.model_size import model_bytes
     from psbench.core.spec import RunSpec
     from tests.report_fixtures import fake_run
 
     _suites(tmp_path)
-    cal = calibrate_from_suites([tmp_path / "systems"])
+    measured = costs_from_suites([tmp_path / "systems"])
     for cap in (1.0, None):
         spec = RunSpec("ps", "mlp-digits", workers=4, batch_size=32, max_steps=40,
                        seed=0 if cap else 1, options={"consistency": "bsp"})
@@ -223,7 +223,7 @@ def test_a_capped_netlab_run_is_simulated_with_its_links_measured_goodput(tmp_pa
     assert run_network({}, goodput) == (Network(), None)
     capped = {"extra": {"cluster": {"hosts": [{"cap_mbit": 1.0}, {"cap_mbit": 5.0}, {"cap_mbit": None}]}}}
     assert run_network(capped, goodput)[1] == 0.9 and run_network(capped, {})[1] == 1.0  # nominal when unmeasured
-    rows = check_suites([tmp_path / "netlab"], cal, goodput).frame().set_index("conditions")
+    rows = check_suites([tmp_path / "netlab"], measured, goodput).frame().set_index("conditions")
     slow = rows.loc["native, links capped (0.9 Mbit/s goodput)"]
     # BSP through one shard: its link carries the 4 workers' pushes in and 4 replies out each step
     wire_s = 2 * 4 * model_bytes("mlp-digits") * 8 / 0.9e6

@@ -21,7 +21,8 @@ DEFAULT_RESULTS = Path("results")
 # has add_arguments(parser) and main(args) -> int; imported only when that command is run.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
     "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
-    "simulate": ("psbench.bench.sim.command", "the scale model: calibrated from a results folder's runs, checked against them, projected to 8..1024 workers"),
+    "simulate": ("psbench.bench.sim.command", "the scale model: --from RESULTS, costs measured from its runs, checked "
+                 "against them, projected to 8..1024 workers (without --from: the analytic model)"),
     "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),
     "thesis": ("psbench.bench.report.thesis", "the thesis' findings beside ours, with verdicts, over the "
                "suites of a results folder (writes RESULTS_DIR/thesis.md)"),

@@ -1,6 +1,6 @@
 """Tiny network probes: a TCP sink/source pair for throughput, and a pyzmq ping-pong for round-trip
-time and bandwidth. Used by the netlab tests (between namespaces) and by the simulator's calibration
-(on loopback). Run as `python -m psbench.bench.lab.netprobe sink|source ...` inside a namespace.
+time and bandwidth. Used by the netlab tests (between namespaces) and for the analytic scale model's
+inputs (on loopback). Run as `python -m psbench.bench.lab.netprobe sink|source ...` inside a namespace.
 
 Only loopback or 198.18.0.0/15 addresses are accepted (the project's network rule).
 """

@@ -372,7 +372,7 @@ def size_check_table(check: pd.DataFrame) -> pd.DataFrame:
     return out.round({"measured ms": 3, "predicted ms": 3})
 
 
-COST_FILE = "cost_model.json"  # the fits, for `psbench simulate --spark-from` (the scale model's Spark costs)
+COST_FILE = "cost_model.json"  # the fits, for `psbench simulate --spark-from` (the analytic model's Spark job cost)
 
 
 def to_json(fits: list[CostFit], suite: str, falls: pd.DataFrame | None = None) -> str:

@@ -1,1 +1,2 @@
-"""The scale model: per-step cost of PS / ring allreduce / Spark, calibrated here, projected."""
+"""The scale models: the event model (events.py, costs measured from the suites' records) and the
+analytic model (analytic.py, closed form), each checked against measured runs and projected."""

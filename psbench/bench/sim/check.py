@@ -1,9 +1,9 @@
 """The scale model against the suites: every run of a suite simulated from its own spec (workers,
-batch, device, stragglers and seed, budget, consistency, cores) with the calibrated costs, and both
+batch, device, stragglers and seed, budget, consistency, cores) with the measured costs, and both
 read through the same rule (bench/harness/steady.py): samples/s over the steady window, the
 median step interval after warm-up. The error per run, with its median and maximum over the runs
-the calibration did not come from (a 1-worker run is a calibration run: its per-step costs are
-the inputs, so its error says only that the event loop adds them up).
+the costs did not come from (a 1-worker run is an input: its per-step costs are the model's costs,
+so its error says only that the event loop adds them up; validation.csv's `calibration_run`).
 
 Where a run misses, the step splits into the device part (compute + emulated: the worker's own)
 and the system part (comm + wait + update): the part whose predicted median is further from the
@@ -25,7 +25,7 @@ import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.harness.steady import steady_rate, step_intervals, warmup_mask
-from psbench.bench.sim.calibrate import Calibration
+from psbench.bench.sim.costs import MeasuredCosts
 from psbench.bench.sim.events import SIMULATED, Network, SimSpec, simulate_run
 from psbench.core.errors import ConfigError
 
@@ -103,7 +103,7 @@ def _cluster(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_network(manifest: dict[str, Any], goodput_mbit: dict[float, float] | None = None) -> tuple[Network, float | None]:
-    """The links a run had beyond this machine's loopback (which the calibrated round trip holds):
+    """The links a run had beyond this machine's loopback (which the measured round trip holds):
     a cluster-file run with `tc`-capped hosts (psbench netlab bench) gets its cap's measured TCP
     goodput (bandwidth.csv's link_goodput_mbit; the nominal cap when none was measured) as every
     link's bandwidth (the model's link: events.Network). (Network, link Mbit/s), or (Network(), None)
@@ -125,7 +125,7 @@ def _parts(steps: pd.DataFrame) -> tuple[float, float]:
     return float(device.median()), float(system.median())
 
 
-def check_suite(res: SuiteResults, cal: Calibration, goodput_mbit: dict[float, float] | None = None) -> Check:
+def check_suite(res: SuiteResults, measured: MeasuredCosts, goodput_mbit: dict[float, float] | None = None) -> Check:
     """Every run of a suite simulated and compared; `goodput_mbit`: a capped link's measured goodput
     by its cap (run_network)."""
     rows, skipped = [], []
@@ -134,12 +134,12 @@ def check_suite(res: SuiteResults, cal: Calibration, goodput_mbit: dict[float, f
         measured_steps = res.steps[res.steps["run_id"] == run_id]
         try:
             spec = sim_spec(run, res, measured_steps)
-            costs = cal.for_run(spec.system, spec.workload, spec.batch_size)
+            costs = measured.for_run(spec.system, spec.workload, spec.batch_size)
             sync_costs = None
             if spec.system == "switch":
                 costs = replace(costs, handover_s=float(run["handover_s"]) if pd.notna(run.get("handover_s")) else costs.handover_s)
                 sync_system = "ddp" if spec.sync == "ddp" else "ps"
-                sync_costs = cal.for_run(sync_system, spec.workload, spec.batch_size)
+                sync_costs = measured.for_run(sync_system, spec.workload, spec.batch_size)
         except ConfigError as exc:
             skipped.append((run_id, str(exc)))
             continue
@@ -175,10 +175,10 @@ def check_suite(res: SuiteResults, cal: Calibration, goodput_mbit: dict[float, f
     return Check(rows, skipped)
 
 
-def check_suites(suite_dirs: list[Path], cal: Calibration, goodput_mbit: dict[float, float] | None = None) -> Check:
+def check_suites(suite_dirs: list[Path], measured: MeasuredCosts, goodput_mbit: dict[float, float] | None = None) -> Check:
     rows, skipped = [], []
     for path in suite_dirs:
-        part = check_suite(load_suite(path), cal, goodput_mbit)
+        part = check_suite(load_suite(path), measured, goodput_mbit)
         rows += part.rows
         skipped += part.skipped
     if not rows:

@@ -1,5 +1,9 @@
-"""`psbench simulate`: calibrate or load the scale model (simulate.py), validate it against runs
-measured here (validate.py), and write the projection table and plot."""
+"""`psbench simulate`: two models, one command. With `--from RESULTS`, the event model: its costs
+measured from a results folder's suites, checked against their runs, projected (from_results.py).
+Otherwise the analytic model (analytic.py): its inputs measured here (`--calibrate WORKLOAD`),
+loaded (`--calibration FILE`) or a preset, optionally checked against runs measured here
+(analytic_check.py), and its projection table and plot written. Both write calibration.json (the
+model's inputs and where they came from), projection.csv/png/svg and provenance.json."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from psbench.bench.sim.simulate import (PRESETS, Calibration, Validation, assumptions_text, calibrate,
-                                        default_scenarios, measure_spark_job_overhead, plot, projection_table,
+from psbench.bench.sim.analytic import (PRESETS, AnalyticInputs, Validation, assumptions_text, default_scenarios,
+                                        measure_inputs, measure_spark_job_overhead, plot, projection_table,
                                         write_validation)
-from psbench.bench.sim.validate import validate_local, validate_netlab
+from psbench.bench.sim.analytic_check import validate_local, validate_netlab
 from psbench.core.atomic import atomic_write_csv, atomic_write_json, atomic_write_text
 from psbench.core.cpu import usable_cores
 from psbench.core.errors import ConfigError
@@ -20,13 +24,15 @@ from psbench.core.records import provenance
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--from", dest="from_results", type=Path, metavar="RESULTS",
-                     help="the event model: calibrate from the suites in RESULTS (systems, switch, throughput, and "
-                          "kassela's cost_model.json), check it against every run of systems and switch, and project "
+                     help="the event model: costs measured from the suites in RESULTS (systems, switch, throughput, and "
+                          "kassela's cost_model.json), checked against every run of systems and switch, projected "
                           "to 8-1024 workers and the thesis' setups (bench/sim/from_results.py)")
     src.add_argument("--calibrate", metavar="WORKLOAD", default=None,
-                     help="measure compute time of WORKLOAD with the single system and loopback bandwidth here")
-    src.add_argument("--calibration", type=Path, help="a calibration JSON written by an earlier run")
-    src.add_argument("--preset", choices=sorted(PRESETS), help="published setting instead of a measurement")
+                     help="the analytic model (the default), its inputs measured here: compute time of WORKLOAD with "
+                          "the single system, loopback bandwidth and round trip (default cnn-mnist1d)")
+    src.add_argument("--calibration", type=Path, metavar="FILE",
+                     help="the analytic model, its inputs read from the calibration.json an earlier run wrote")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="the analytic model in a published setting")
     p.add_argument("--batch-size", type=int, default=64, help="per-worker batch size projected (default 64)")
     p.add_argument("--servers", type=int, default=8, help="shards of the sharded-PS curve (default 8)")
     p.add_argument("--bandwidth-mbit", type=float, help="override the link bandwidth (Mbit/s), e.g. a cluster's")
@@ -38,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "spark-mllib's fixed cost per mini-batch, less its tasks' assumed launch cost")
     p.add_argument("--validate", action="store_true",
                    help="with --calibrate: also run ps (bsp, asp) and ddp at 1-4 workers here, interleaved with the "
-                        "calibration runs, and report the model's error against them (bench/sim/validate.py)")
+                        "runs of its inputs, and report the model's error against them (bench/sim/analytic_check.py)")
     p.add_argument("--validate-steps", type=int, default=40, help="steps per validation run (default 40)")
     p.add_argument("--validate-repeats", type=int, default=3, help="repeats per validation run (default 3)")
     p.add_argument("--netlab", type=Path, metavar="CSV",
@@ -48,9 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("results/simulate"), help="output folder")
 
 
-def spark_cost_from_fit(cal: Any, path: Path) -> Any:
-    """The calibration with Spark's job overhead from a Kassela fit (written by `psbench report`):
-    the job-per-mini-batch path's (spark-mllib's) fixed cost per mini-batch is one job plus one
+def spark_cost_from_fit(inputs: AnalyticInputs, path: Path) -> AnalyticInputs:
+    """The analytic model's inputs with Spark's job overhead from a Kassela fit (written by `psbench
+    report`): the job-per-mini-batch path's (spark-mllib's) fixed cost per mini-batch is one job plus one
     task per worker, so the job's part is that fixed cost less workers x the task cost."""
     import json
 
@@ -61,14 +67,14 @@ def spark_cost_from_fit(cal: Any, path: Path) -> Any:
         raise ConfigError(f"--spark-from: {path} holds no spark-mllib fit (the kassela suite runs it)")
     fit = max(fits, key=lambda f: f["runs"])
     fixed = fit["fixed"]
-    job_s = fixed["s"] - fit["workers"] * cal.spark_task_overhead_s
+    job_s = fixed["s"] - fit["workers"] * inputs.spark_task_overhead_s
     if not job_s > 0:
         raise ConfigError(f"--spark-from: spark-mllib's fitted fixed cost {fixed['s'] * 1e3:.3g} ms leaves no job cost")
-    return replace(cal, spark_job_overhead_s=job_s,
-                   source=f"{cal.source} + Spark job {job_s * 1e3:.3g} ms from the kassela fit (spark-mllib fixed "
+    return replace(inputs, spark_job_overhead_s=job_s,
+                   source=f"{inputs.source} + Spark job {job_s * 1e3:.3g} ms from the kassela fit (spark-mllib fixed "
                           f"{fixed['s'] * 1e3:.3g} ms [{fixed['lo'] * 1e3:.3g}, {fixed['hi'] * 1e3:.3g}], "
                           f"{fit['runs']} runs, {fit['workers']} workers, less {fit['workers']} x the "
-                          f"{cal.spark_task_overhead_s * 1e3:.3g} ms task cost assumed; {path})")
+                          f"{inputs.spark_task_overhead_s * 1e3:.3g} ms task cost assumed; {path})")
 
 
 def main_from_results(args: argparse.Namespace) -> int:
@@ -79,7 +85,7 @@ def main_from_results(args: argparse.Namespace) -> int:
     for name in ("validate", "measure_spark", "spark_from", "netlab", "bandwidth_mbit", "rtt_us", "spark_job_ms"):
         if getattr(args, name):
             raise ConfigError(f"--from takes its costs from the records: --{name.replace('_', '-')} belongs to the "
-                              f"closed-form model (--calibrate, --calibration, --preset)")
+                              f"analytic model (--calibrate, --calibration, --preset)")
     if args.max_workers < 8:
         raise ConfigError(f"--max-workers {args.max_workers}: the projection starts at 8 workers; give >= 8")
     out: Path = args.out
@@ -100,25 +106,30 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--batch-size and --servers must be >= 1")
     if args.from_results is not None:
         return main_from_results(args)
+    return main_analytic(args)
+
+
+def main_analytic(args: argparse.Namespace) -> int:
     if args.validate and (args.preset or args.calibration):
-        raise ConfigError("--validate measures its own calibration: use it with --calibrate WORKLOAD (or alone)")
+        raise ConfigError("--validate measures its own inputs: use it with --calibrate WORKLOAD (or alone)")
     validations: list[tuple[str, Validation]] = []
     if args.preset:
-        cal = PRESETS[args.preset]
+        inputs = PRESETS[args.preset]
     elif args.calibration:
         if not args.calibration.is_file():
-            raise ConfigError(f"calibration file {args.calibration} does not exist")
-        cal = Calibration.from_json(args.calibration.read_text())
+            raise ConfigError(f"--calibration: {args.calibration} does not exist (give a calibration.json an earlier "
+                              f"`psbench simulate` wrote)")
+        inputs = AnalyticInputs.from_json(args.calibration.read_text())
     elif args.validate:
-        cal, validation = validate_local(args.calibrate or "mlp-wide-synthetic", args.batch_size,
-                                         steps=args.validate_steps, repeats=args.validate_repeats)
+        inputs, validation = validate_local(args.calibrate or "mlp-wide-synthetic", args.batch_size,
+                                            steps=args.validate_steps, repeats=args.validate_repeats)
         validations.append(("loopback runs, 1-4 workers", validation))
     else:
-        cal = calibrate(args.calibrate or "cnn-mnist1d")
+        inputs = measure_inputs(args.calibrate or "cnn-mnist1d")
         if args.measure_spark:
-            cal = replace(cal, spark_job_overhead_s=measure_spark_job_overhead())
+            inputs = replace(inputs, spark_job_overhead_s=measure_spark_job_overhead())
     if args.spark_from:
-        cal = spark_cost_from_fit(cal, args.spark_from)
+        inputs = spark_cost_from_fit(inputs, args.spark_from)
     overrides: dict[str, Any] = {}
     if args.bandwidth_mbit:
         overrides["bandwidth_Bps"] = args.bandwidth_mbit * 1e6 / 8
@@ -127,33 +138,33 @@ def main(args: argparse.Namespace) -> int:
     if args.spark_job_ms:
         overrides["spark_job_overhead_s"] = args.spark_job_ms * 1e-3
     if overrides:
-        cal = replace(cal, source=cal.source + " + overrides " + ", ".join(overrides), **overrides)
+        inputs = replace(inputs, source=inputs.source + " + overrides " + ", ".join(overrides), **overrides)
     if args.netlab:
         import pandas as pd
 
         if not args.netlab.is_file():
             raise ConfigError(f"--netlab: {args.netlab} does not exist (run `psbench netlab bench` first)")
-        cores = cal.cores or usable_cores().count
-        validations.append(("netns bandwidth runs", validate_netlab(pd.read_csv(args.netlab), replace(cal, cores=cores))))
+        cores = inputs.cores or usable_cores().count
+        validations.append(("netns bandwidth runs", validate_netlab(pd.read_csv(args.netlab), replace(inputs, cores=cores))))
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     stamp = provenance()  # every file names the commit that made it, and provenance.json says all
     if validations:
         write_validation(validations, out / "validation.csv", stamp["git_sha"])
-    cal = replace(cal, cores=0)  # projections: a machine per worker
-    rows = projection_table(cal, default_scenarios(args.batch_size, args.servers))
-    atomic_write_text(out / "calibration.json", cal.to_json(stamp))
+    inputs = replace(inputs, cores=0)  # projections: a machine per worker
+    rows = projection_table(inputs, default_scenarios(args.batch_size, args.servers))
+    atomic_write_text(out / "calibration.json", inputs.to_json(stamp))
     import pandas as pd
 
     table = pd.DataFrame(rows).assign(git_sha=stamp["git_sha"])
     atomic_write_csv(out / "projection.csv", table)
-    paths = plot(rows, cal, args.batch_size, out / "projection",
+    paths = plot(rows, inputs, args.batch_size, out / "projection",
                  f"psbench {stamp['git_sha'] or 'unknown commit'}{' + uncommitted changes' if stamp['git_dirty'] else ''}")
     files = sorted(p.name for p in [out / "calibration.json", out / "projection.csv", *paths,
                                     *([out / "validation.csv"] if validations else [])])
     arguments = {k: v for k, v in vars(args).items() if k not in ("func", "command")}
     atomic_write_json(out / "provenance.json", {**stamp, "simulate_arguments": arguments, "files": files})
-    print("Assumptions: " + assumptions_text(cal, args.batch_size))
+    print("Assumptions: " + assumptions_text(inputs, args.batch_size))
     pivot = table.pivot(index="workers", columns="curve", values="efficiency")
     with pd.option_context("display.width", 200, "display.float_format", "{:.1%}".format):
         print("scaling efficiency:")

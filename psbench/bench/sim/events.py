@@ -1,6 +1,6 @@
 """Discrete-event simulation of one run: every worker's steps under the run's device profile and
 seeded stragglers (the same `Pacer` a measured run uses), and each system's communication from
-calibrated costs (bench/sim/calibrate.py). A simulated run takes the measured run's spec and
+costs measured from the records (bench/sim/costs.py). A simulated run takes the measured run's spec and
 yields step rows in the records' schema (worker, step, t_wall, n_samples, staleness), so the
 validation (bench/sim/check.py) measures both with the same warm-up rule.
 
@@ -19,7 +19,7 @@ Systems (what they pay per step beyond the device; symbols in `SystemCosts`):
   not start step k + 1 until every worker has pushed step k - s; ASP never waits.
 - allreduce family (ddp, horovod): a round starts the ring allreduce when the last worker's
   gradients are ready (the pacing contract: a single bucket, after the whole backward), lasting
-  the calibrated alpha x 2(N - 1) + beta x 2(N - 1)/N x M, plus, where N ranks share C < N cores
+  the measured alpha x 2(N - 1) + beta x 2(N - 1)/N x M, plus, where N ranks share C < N cores
   (validation here only), a measured wait per ring step for a descheduled neighbour; then every
   worker's update.
 - Spark's round systems (spark-mllib: a job per mini-batch; spark-barrier: one barrier job, an
@@ -51,7 +51,7 @@ INF = math.inf
 @dataclass(frozen=True)
 class SystemCosts:
     """One system's costs on one workload (seconds, bytes); each from a measurement
-    (bench/sim/calibrate.py says which)."""
+    (bench/sim/costs.py says which)."""
     compute_cpu_s: float                # real compute of one step (forward + backward), one core
     update_cpu_s: float = 0.0           # the optimizer step, or loading the parameters a PS answers with
     comm_fixed_s: float = 0.0           # PS: a 1-worker push + reply on loopback, all of it; allreduce: per step at N = 1

@@ -1,4 +1,4 @@
-"""`psbench simulate --from RESULTS`: the event model calibrated from a results folder's suites,
+"""`psbench simulate --from RESULTS`: the event model, its costs measured from a results folder's suites,
 checked against every run of its systems and switch suites (and of `psbench netlab bench`'s
 tc-capped runs, each with its links' measured goodput, when RESULTS holds them), and projected
 (project.py). Writes
@@ -14,14 +14,15 @@ import pandas as pd
 from psbench.bench.harness import store
 from psbench.bench.report.markdown import markdown_table
 from psbench.bench.sim import project
-from psbench.bench.sim.calibrate import calibrate_from_suites
 from psbench.bench.sim.check import GOAL_MAX, GOAL_MEDIAN, by_variant, check_suites
+from psbench.bench.sim.costs import costs_from_suites
+from psbench.bench.sim.model_size import model_bytes
 from psbench.core.atomic import atomic_write, atomic_write_csv, atomic_write_text
 from psbench.core.errors import ConfigError
 
 # per-step costs at 1 worker, allreduce, Spark's growth; netlab-calibration: the bandwidth experiment's
 # workload on loopback (bench/experiments/extra/netlab_calibration.toml), when a user ran it
-CALIBRATION_SUITES = ("systems", "switch", "throughput", "netlab-calibration")
+COST_SUITES = ("systems", "switch", "throughput", "netlab-calibration")
 # every run predicted; netlab: `psbench netlab bench`'s tc-capped namespace runs, when present
 CHECKED_SUITES = ("systems", "switch", "netlab")
 WORKLOAD = "mlp-digits"                                  # the one every system of these suites runs
@@ -46,49 +47,47 @@ def netlab_goodput(root: Path) -> dict[float, float]:
 
 
 def simulate_results(root: Path, out: Path, stamp: dict[str, Any], max_workers: int = 1024) -> dict[str, Any]:
-    calibration_dirs = _suites(root, CALIBRATION_SUITES)
+    cost_dirs = _suites(root, COST_SUITES)
     checked_dirs = _suites(root, CHECKED_SUITES)
-    if not calibration_dirs:
-        raise ConfigError(f"--from {root}: none of the suites {', '.join(CALIBRATION_SUITES)} has runs there "
+    if not cost_dirs:
+        raise ConfigError(f"--from {root}: none of the suites {', '.join(COST_SUITES)} has runs there "
                           f"(`make bench` writes them)")
-    cal = calibrate_from_suites(calibration_dirs)
-    check = check_suites(checked_dirs, cal, netlab_goodput(root)) if checked_dirs else None
+    measured = costs_from_suites(cost_dirs)
+    check = check_suites(checked_dirs, measured, netlab_goodput(root)) if checked_dirs else None
     out.mkdir(parents=True, exist_ok=True)
     sha = stamp.get("git_sha")
-    atomic_write_text(out / "calibration.json", cal.to_json(stamp))
-    figures = pd.DataFrame([f.__dict__ for f in cal.figures])
+    atomic_write_text(out / "calibration.json", measured.to_json(stamp))
+    figures = pd.DataFrame([f.__dict__ for f in measured.figures])
     summary: dict[str, Any] = {}
     if check is not None:
         atomic_write_csv(out / "validation.csv", check.frame().assign(git_sha=sha))
         summary = check.summary()
-    batch = int(cal.compute_by_batch.get(("ps", WORKLOAD), (0, 32))[1])
+    batch = int(measured.compute_by_batch.get(("ps", WORKLOAD), (0, 32))[1])
     workers = tuple(n for n in project.WORKERS if n <= max_workers)
-    scaling = project.scaling_table(cal, WORKLOAD, batch, workers)
+    scaling = project.scaling_table(measured, WORKLOAD, batch, workers)
     gap = project.gap_table(scaling)
-    from psbench.bench.sim.simulate import model_bytes
-
     sizes = {f"{WORKLOAD} ({model_bytes(WORKLOAD) / 1e6:.2g} MB)": model_bytes(WORKLOAD),
              "cnn-mnist1d": model_bytes("cnn-mnist1d"), "10 MB": 10_000_000, "ResNet-101 (178 MB)": 178_000_000}
-    shards = project.shard_saturation(cal, WORKLOAD, batch, sizes, workers=workers)
-    setups = project.thesis_setups(cal, WORKLOAD, batch, root / "kassela" / "cost_model.json", SWITCH_STRAGGLERS)
-    anchors = project.anchors(cal)
+    shards = project.shard_saturation(measured, WORKLOAD, batch, sizes, workers=workers)
+    setups = project.thesis_setups(measured, WORKLOAD, batch, root / "kassela" / "cost_model.json", SWITCH_STRAGGLERS)
+    anchors = project.anchors(measured)
     for name, frame in (("projection", scaling), ("gap", gap), ("shards", shards), ("setups", setups), ("anchors", anchors)):
         atomic_write_csv(out / f"{name}.csv", frame.assign(git_sha=sha))
     plots = _plot(scaling, gap, out, f"psbench {sha or 'unknown commit'}")
-    atomic_write_text(out / "report.md", _report(root, cal, figures, check, summary, scaling, gap, shards, setups,
+    atomic_write_text(out / "report.md", _report(root, measured, figures, check, summary, scaling, gap, shards, setups,
                                                   anchors, sha, stamp.get("git_dirty")))
     return {"summary": summary, "files": sorted(p.name for p in out.iterdir() if p.is_file()), "plots": plots}
 
 
-def _report(root: Path, cal, figures: pd.DataFrame, check, summary: dict[str, Any], scaling: pd.DataFrame,
+def _report(root: Path, measured, figures: pd.DataFrame, check, summary: dict[str, Any], scaling: pd.DataFrame,
             gap: pd.DataFrame, shards: pd.DataFrame, setups: pd.DataFrame, anchors: pd.DataFrame,
             sha: str | None, dirty: bool | None) -> str:
-    parts = [f"# Scale model: calibrated from {root}, checked against its suites, projected\n",
+    parts = [f"# Scale model: costs measured from {root}, checked against its suites, projected\n",
              f"Commit {sha or 'unknown'}{' + uncommitted changes' if dirty else ''}. Model: a discrete-event "
              "simulation of each run (bench/sim/events.py) with the suites' device profiles and seeded stragglers; "
-             "costs from the records (bench/sim/calibrate.py). Calibration suites: "
-             + ", ".join(cal.suites) + ".\n",
-             "## Calibration (each figure from the runs named; 95% intervals)\n"]
+             "costs from the records (bench/sim/costs.py). Cost suites: "
+             + ", ".join(measured.suites) + ".\n",
+             "## Measured costs (each figure from the runs named; 95% intervals)\n"]
     if len(figures):
         shown = figures.assign(value_ms=figures["value"] * 1e3, lo_ms=figures["lo"].astype(float) * 1e3,
                                hi_ms=figures["hi"].astype(float) * 1e3)
@@ -98,7 +97,7 @@ def _report(root: Path, cal, figures: pd.DataFrame, check, summary: dict[str, An
     if check is not None:
         parts.append("## Validation against the suites\n")
         parts.append(f"Error of predicted samples/s (and median step interval) against measured, per run, over the "
-                     f"{summary['validated_runs']} runs the calibration did not come from (1-worker runs are its "
+                     f"{summary['validated_runs']} runs the costs did not come from (1-worker runs are their "
                      f"inputs): median {summary['samples_per_s_error_median']:.1%} (step "
                      f"{summary['step_s_error_median']:.1%}), maximum {summary['samples_per_s_error_max']:.1%} (step "
                      f"{summary['step_s_error_max']:.1%}); goal: median ≤ {GOAL_MEDIAN:.0%}, maximum ≤ {GOAL_MAX:.0%}: "
@@ -117,7 +116,7 @@ def _report(root: Path, cal, figures: pd.DataFrame, check, summary: dict[str, An
         parts.append("The fastest of " + ", ".join(project.SPECIALISED) + " ÷ each Spark path:\n\n" + _md(pivot))
     parts.append("\n## Where one PS shard saturates, and the shards a model needs\n" + _md(shards))
     parts.append("\n## The thesis' setups\n" + _md(setups))
-    parts.append("\n## Anchors (a sanity check, not calibration)\n" + _md(anchors))
+    parts.append("\n## Anchors (a sanity check, not a cost input)\n" + _md(anchors))
     return "\n".join(parts)
 
 
@@ -148,7 +147,7 @@ def _plot(scaling: pd.DataFrame, gap: pd.DataFrame, out: Path, source: str) -> l
     ax.grid(True, alpha=0.3)
     if len(gap):
         ax.legend(fontsize=6)
-    fig.suptitle("psbench scale model (event simulation, calibrated from the suites' records)")
+    fig.suptitle("psbench scale model (event simulation, costs measured from the suites' records)")
     fig.tight_layout()
     paths = [out / "projection.png", out / "projection.svg"]
     for path in paths:

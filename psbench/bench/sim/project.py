@@ -1,4 +1,4 @@
-"""Projections of the calibrated event model (events.py, costs from calibrate.py) to clusters this
+"""Projections of the event model (events.py, its costs measured by costs.py) to clusters this
 machine cannot host: each worker on its own machine (no shared cores), the measured per-message
 software costs kept, and a cluster's links added (bandwidth per link, full duplex, and a one-way
 latency: both stated assumptions, not measurements).
@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from psbench.bench.harness.steady import steady_rate
-from psbench.bench.sim.calibrate import Calibration
+from psbench.bench.sim.costs import MeasuredCosts
 from psbench.bench.sim.events import Network, SimSpec, SystemCosts, simulate_run
 from psbench.core.emulation import parse_device
 from psbench.core.errors import ConfigError
@@ -36,7 +36,7 @@ STEPS = 30                  # per worker in a projected run: the warm-up rule le
 ASSUMPTIONS = (f"each worker on its own machine; links: the stated bandwidth per link, full duplex, "
                f"{ONE_WAY_LATENCY_S * 1e6:.0f} us one way (assumed, a datacentre's); device '{DEVICE}' for every "
                f"worker, no stragglers unless a row says so; software costs per message as measured here "
-               f"(calibration.json); a shard's CPU per update as measured at the calibration model's size, "
+               f"(calibration.json); a shard's CPU per update as measured at the model size of its runs, "
                f"growing with the bytes of its slice beyond it (assumed: update work per parameter)")
 
 
@@ -66,12 +66,12 @@ def shard_costs(costs: SystemCosts, servers: int, calibration_bytes: int) -> Sys
     return replace(costs, server_cpu_s=costs.server_cpu_s * max(1.0, slice_bytes / max(1, calibration_bytes)))
 
 
-def simulate_curve(cal: Calibration, curve: Curve, workload: str, batch: int, workers: int, net: Network,
+def simulate_curve(measured: MeasuredCosts, curve: Curve, workload: str, batch: int, workers: int, net: Network,
                    stragglers: str | None = None, seed: int = 0) -> float | None:
-    """Steady samples/s of one projected run, or None where the calibration lacks the system."""
+    """Steady samples/s of one projected run, or None where no costs of the system were measured."""
     servers = max(1, workers // 16) if curve.servers == "n/16" else int(curve.servers)
     try:
-        costs = cal.for_run(curve.system, workload, batch)
+        costs = measured.for_run(curve.system, workload, batch)
     except ConfigError:  # a system this results folder has no runs of
         return None
     if curve.system == "ps":
@@ -81,22 +81,22 @@ def simulate_curve(cal: Calibration, curve: Curve, workload: str, batch: int, wo
     return steady_rate(pd.DataFrame(simulate_run(spec, costs, net).steps))
 
 
-def single_rate(cal: Calibration, workload: str, batch: int) -> float:
-    costs = cal.for_run("ps", workload, batch) if ("ps", workload) in cal.costs else next(
-        c for (s, w), c in cal.costs.items() if w == workload)
+def single_rate(measured: MeasuredCosts, workload: str, batch: int) -> float:
+    costs = measured.for_run("ps", workload, batch) if ("ps", workload) in measured.costs else next(
+        c for (s, w), c in measured.costs.items() if w == workload)
     spec = SimSpec("single", workload, 1, batch, emulate_device=DEVICE, max_steps=STEPS)
     return steady_rate(pd.DataFrame(simulate_run(spec, replace(costs, comm_fixed_s=0.0)).steps))
 
 
-def scaling_table(cal: Calibration, workload: str, batch: int, workers: tuple[int, ...] = WORKERS,
+def scaling_table(measured: MeasuredCosts, workload: str, batch: int, workers: tuple[int, ...] = WORKERS,
                   links: tuple[float, ...] = LINKS_GBIT) -> pd.DataFrame:
-    one = single_rate(cal, workload, batch)
+    one = single_rate(measured, workload, batch)
     rows = []
     for gbit in links:
         net = Network(bandwidth_Bps=gbit * 1e9 / 8, latency_s=ONE_WAY_LATENCY_S)
         for curve in CURVES:
             for n in workers:
-                rate = simulate_curve(cal, curve, workload, batch, n, net)
+                rate = simulate_curve(measured, curve, workload, batch, n, net)
                 if rate is None:
                     continue
                 rows.append({"workload": workload, "link_gbit": gbit, "system": curve.label, "workers": n,
@@ -119,12 +119,12 @@ def gap_table(scaling: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def shard_saturation(cal: Calibration, workload: str, batch: int, model_sizes: dict[str, int],
+def shard_saturation(measured: MeasuredCosts, workload: str, batch: int, model_sizes: dict[str, int],
                      links: tuple[float, ...] = LINKS_GBIT, workers: tuple[int, ...] = WORKERS) -> pd.DataFrame:
     """Per model size and link: the workers one shard serves before it is busy all the time, and the
     shards N workers need (each shard handles every worker's update of its slice: N / T updates/s,
     each costing its CPU and its slice's bytes on the shard's link)."""
-    costs = cal.for_run("ps", workload, batch)
+    costs = measured.for_run("ps", workload, batch)
     device = parse_device(DEVICE)
     step = device.target_s(workload, batch) + costs.comm_fixed_s + costs.update_cpu_s
     rows = []
@@ -149,7 +149,7 @@ def shard_saturation(cal: Calibration, workload: str, batch: int, model_sizes: d
     return pd.DataFrame(rows)
 
 
-def thesis_setups(cal: Calibration, workload: str, batch: int, kassela_costs: Path | None,
+def thesis_setups(measured: MeasuredCosts, workload: str, batch: int, kassela_costs: Path | None,
                   switch_stragglers: str | None) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     if kassela_costs is not None and kassela_costs.is_file():
@@ -162,16 +162,16 @@ def thesis_setups(cal: Calibration, workload: str, batch: int, kassela_costs: Pa
         if not falls:
             rows.append({"setup": "Kassela 2019 (141 VMs)", "system": "-", "figure": "fall", "value": math.nan,
                          "note": f"{kassela_costs} predates predicted falls: rerun `psbench report` on the kassela suite"})
-    one = single_rate(cal, workload, batch)
+    one = single_rate(measured, workload, batch)
     for gbit in (1.0, 10.0):
         net = Network(gbit * 1e9 / 8, ONE_WAY_LATENCY_S)
-        rate = simulate_curve(cal, Curve("ps (asp), 2 servers", "ps", "asp", "2"), workload, batch, 12, net)
+        rate = simulate_curve(measured, Curve("ps (asp), 2 servers", "ps", "asp", "2"), workload, batch, 12, net)
         if rate is not None:
             rows.append({"setup": f"sharding study: 12 workers, 2 servers, {gbit:g} Gbit/s", "system": "ps (asp)",
                          "figure": "samples/s (efficiency)", "value": rate, "note": f"efficiency {rate / (12 * one):.0%}"})
     for n in (8, 16):
         net = Network(10e9 / 8, ONE_WAY_LATENCY_S)
-        rates = {c.label: simulate_curve(cal, c, workload, batch, n, net, stragglers=switch_stragglers)
+        rates = {c.label: simulate_curve(measured, c, workload, batch, n, net, stragglers=switch_stragglers)
                  for c in (Curve("ps (asp)", "ps", "asp"), Curve("ps (bsp)", "ps", "bsp"), Curve("ddp", "ddp"))}
         for label, rate in rates.items():
             if rate is not None:
@@ -184,18 +184,18 @@ def thesis_setups(cal: Calibration, workload: str, batch: int, kassela_costs: Pa
     return pd.DataFrame(rows)
 
 
-def anchors(cal: Calibration) -> pd.DataFrame:
-    """Published figures beside the model run in their setting (a sanity check, never a calibration)."""
+def anchors(measured: MeasuredCosts) -> pd.DataFrame:
+    """Published figures beside the model run in their setting (a sanity check, never a cost input)."""
     rows = []
     # Sergeev & Del Balso 2018: ResNet-101 (44.5 M parameters, 178 MB), 25 Gbit/s, ~110 images/s per
     # P100 at 64 images: ~88% efficiency at 128 GPUs with ring allreduce.
     net = Network(25e9 / 8, ONE_WAY_LATENCY_S)
-    ddp = next((c for (s, _), c in sorted(cal.costs.items()) if s == "ddp"), None)
+    ddp = next((c for (s, _), c in sorted(measured.costs.items()) if s == "ddp"), None)
     if ddp is not None:
-        measured = replace(ddp, compute_cpu_s=0.0, update_cpu_s=0.0, model_bytes=178_000_000)
-        links_only = replace(measured, comm_fixed_s=0.0, allreduce_alpha_s=0.0, allreduce_beta_s_per_byte=0.0)
+        gloo = replace(ddp, compute_cpu_s=0.0, update_cpu_s=0.0, model_bytes=178_000_000)
+        links_only = replace(gloo, comm_fixed_s=0.0, allreduce_alpha_s=0.0, allreduce_beta_s_per_byte=0.0)
         for label, costs, why in (
-                ("ring with this machine's gloo costs", measured,
+                ("ring with this machine's gloo costs", gloo,
                  "gloo's per-byte cost here (CPU copies and sums, fitted on small models) is paid on 178 MB each "
                  "step, where the paper's GPUs reduce over NCCL/RDMA; and the ring starts after the whole backward "
                  "pass (one bucket, the pacing contract) where Horovod overlaps it with backprop"),

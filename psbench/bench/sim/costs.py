@@ -4,7 +4,7 @@ typed in; what is assumed (a cluster's wire in a projection) is stated where it 
 
 Per system and workload (bench/sim/events.py `SystemCosts`):
 - compute_cpu_s: the median real compute (`compute_s`) of the system's 1-worker run at that batch;
-  at a batch no 1-worker run had, the CPU calibration's gradient time (each manifest's
+  at a batch no 1-worker run had, the harness' CPU calibration's gradient time (each manifest's
   cpu_calibration.compute_s, measured alone at the workload's batch) scaled by the batch, linearly.
 - update_cpu_s: the median `update_s` of its 1-worker runs.
 - comm_fixed_s: the median `comm_s + wait_s` of its 1-worker runs (one worker: nothing to wait for;
@@ -37,13 +37,13 @@ import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.harness.steady import warmup_mask
-from psbench.bench.sim.simulate import model_bytes
 from psbench.bench.sim.events import ALLREDUCE_FAMILY, PS_FAMILY, SPARK_ROUNDS, SystemCosts
+from psbench.bench.sim.model_size import model_bytes
 from psbench.core.errors import ConfigError
 
 @dataclass(frozen=True)
 class Figure:
-    """One calibrated figure: its value, 95% interval, and where it came from."""
+    """One measured cost: its value, 95% interval, and where it came from."""
     system: str
     workload: str
     name: str
@@ -55,7 +55,7 @@ class Figure:
 
 
 @dataclass
-class Calibration:
+class MeasuredCosts:
     """Costs per (system, workload); the figures behind them; the suites read."""
     costs: dict[tuple[str, str], SystemCosts] = field(default_factory=dict)
     figures: list[Figure] = field(default_factory=list)
@@ -67,7 +67,7 @@ class Calibration:
         key = (system, workload)
         if key not in self.costs:
             known = ", ".join(f"{s}/{w}" for s, w in sorted(self.costs))
-            raise ConfigError(f"simulate: no calibration for {system} on {workload} in these suites (have: {known})")
+            raise ConfigError(f"simulate: no measured costs of {system} on {workload} in these suites (have: {known})")
         costs = self.costs[key]
         at, batch = self.compute_by_batch.get(key, (costs.compute_cpu_s, batch_size))
         return replace(costs, compute_cpu_s=at * batch_size / batch) if batch != batch_size else costs
@@ -117,16 +117,16 @@ def _cpu_figures(res: SuiteResults, run_id: str) -> dict[str, Any]:
 
 
 def fits_cores(run: Any) -> bool:
-    """Whether a run's workers fit the cores it had (one each): only such runs calibrate a cost that
+    """Whether a run's workers fit the cores it had (one each): only such runs measure a cost that
     grows with the workers, since a machine per worker has no contention to carry over."""
     cores = getattr(run, "cores", None)
     return cores is None or not cores == cores or run.workers <= float(cores)
 
 
-def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
-    """Calibration from the runs of the given suite folders (1-worker runs give per-step costs;
+def costs_from_suites(suite_dirs: list[Path]) -> MeasuredCosts:
+    """The costs measured by the runs of the given suite folders (1-worker runs give per-step costs;
     multi-worker allreduce runs their allreduce timed alone; Spark's round systems their growth)."""
-    cal = Calibration(suites=[str(p) for p in suite_dirs])
+    measured = MeasuredCosts(suites=[str(p) for p in suite_dirs])
     suites = [load_suite(p) for p in suite_dirs]
     ar_points: dict[str, list[tuple[int, int, float, str, bool]]] = {}
     spark_points: dict[tuple[str, str], list[tuple[int, float, str]]] = {}
@@ -161,42 +161,42 @@ def calibrate_from_suites(suite_dirs: list[Path]) -> Calibration:
             workers_cpu = (roles.get("workers") or {}).get("step_cpu_s", 0.0)
             shard_cpu = next((f.get("step_cpu_s", 0.0) for role, f in roles.items() if "shard" in role), 0.0)
             size = model_bytes(workload)
-            previous = cal.costs.get(key)
-            if previous is not None and cal.compute_by_batch.get(key, (0, 0))[1] >= int(batch):
+            previous = measured.costs.get(key)
+            if previous is not None and measured.compute_by_batch.get(key, (0, 0))[1] >= int(batch):
                 continue  # one set per system and workload: the largest batch measured
             costs = SystemCosts(compute_cpu_s=compute[0], update_cpu_s=update[0], comm_fixed_s=comm[0],
                                 model_bytes=size)
             if system in PS_FAMILY:
                 worker_cpu = min(max(0.0, workers_cpu - update[0]), comm[0])
                 costs = replace(costs, worker_cpu_s=worker_cpu, server_cpu_s=min(shard_cpu, comm[0] - worker_cpu))
-            cal.costs[key] = costs
-            cal.compute_by_batch[key] = (compute[0], int(batch))
+            measured.costs[key] = costs
+            measured.compute_by_batch[key] = (compute[0], int(batch))
             n = len(steps)
-            cal.figures += [Figure(system, workload, f"compute_cpu_s (batch {int(batch)})", *compute, n, src),
+            measured.figures += [Figure(system, workload, f"compute_cpu_s (batch {int(batch)})", *compute, n, src),
                             Figure(system, workload, "update_cpu_s", *update, n, src),
                             Figure(system, workload, "comm_fixed_s (comm + wait at 1 worker)", *comm, n, src)]
             if system in PS_FAMILY:
                 file = f"{cpu.get('file', '?')} (git {str(cpu.get('git_sha'))[:10]}, {cpu.get('measured_at', '?')})"
-                cal.figures += [Figure(system, workload, "worker_cpu_s (CPU figures: workers' step CPU less update)",
+                measured.figures += [Figure(system, workload, "worker_cpu_s (CPU figures: workers' step CPU less update)",
                                        costs.worker_cpu_s, None, None, len(cpu.get("runs", [])), file),
                                 Figure(system, workload, "server_cpu_s (CPU figures: a shard's CPU per update)",
                                        costs.server_cpu_s, None, None, len(cpu.get("runs", [])), file)]
-    _fit_allreduce(cal, ar_points)
-    _fit_spark(cal, spark_points)
+    _fit_allreduce(measured, ar_points)
+    _fit_spark(measured, spark_points)
     if handovers:
         value, lo, hi = median_interval(np.array([h for h, _ in handovers]))
-        cal.figures.append(Figure("switch", "*", "handover_s", value, lo, hi, len(handovers),
+        measured.figures.append(Figure("switch", "*", "handover_s", value, lo, hi, len(handovers),
                                   "switch runs: " + ", ".join(i for _, i in handovers[:3]) + (" ..." if len(handovers) > 3 else "")))
-        for key, costs in list(cal.costs.items()):
+        for key, costs in list(measured.costs.items()):
             if key[0] == "ps":
-                cal.costs[("switch", key[1])] = replace(costs, handover_s=value)
-    if not cal.costs:
+                measured.costs[("switch", key[1])] = replace(costs, handover_s=value)
+    if not measured.costs:
         raise ConfigError("simulate: no 1-worker runs in " + ", ".join(map(str, suite_dirs)) +
-                          " (the systems suite has them): nothing to calibrate from")
-    return cal
+                          " (the systems suite has them): no costs to measure")
+    return measured
 
 
-def _fit_allreduce(cal: Calibration, points: dict[str, list[tuple[int, int, float, str, bool]]]) -> None:
+def _fit_allreduce(measured: MeasuredCosts, points: dict[str, list[tuple[int, int, float, str, bool]]]) -> None:
     """alpha, beta from the runs whose ranks had a core each; the crowded wait per ring step from
     the others (more ranks than cores: this machine's, used in validation, never in projections)."""
     for system, all_pts in points.items():
@@ -214,23 +214,23 @@ def _fit_allreduce(cal: Calibration, points: dict[str, list[tuple[int, int, floa
         src = f"allreduce_alone_s of {len(pts)} runs, a core per rank: " + ", ".join(p[3] for p in pts)
         for name, value, h in (("allreduce_alpha_s (per ring step)", alpha, None if half is None else half[0]),
                                ("allreduce_beta_s_per_byte", beta, None if half is None else half[1])):
-            cal.figures.append(Figure(system, "*", name, value, None if h is None else value - h,
+            measured.figures.append(Figure(system, "*", name, value, None if h is None else value - h,
                                       None if h is None else value + h, len(pts), src))
         crowded_pts = [p for p in all_pts if not p[4]]
         crowded = median_interval(np.array([(t - beta * 2 * (n - 1) / n * m) / (2 * (n - 1)) - alpha
                                             for n, m, t, *_ in crowded_pts])) if crowded_pts else (0.0, None, None)
         if crowded_pts:
-            cal.figures.append(Figure(system, "*", "allreduce_crowded_s (per ring step, ranks > cores, this machine)",
+            measured.figures.append(Figure(system, "*", "allreduce_crowded_s (per ring step, ranks > cores, this machine)",
                                       max(0.0, crowded[0]), crowded[1], crowded[2], len(crowded_pts),
                                       f"allreduce_alone_s of {len(crowded_pts)} runs with more ranks than cores: "
                                       + ", ".join(p[3] for p in crowded_pts)))
-        for key, costs in list(cal.costs.items()):
+        for key, costs in list(measured.costs.items()):
             if key[0] == system:
-                cal.costs[key] = replace(costs, allreduce_alpha_s=alpha, allreduce_beta_s_per_byte=beta,
+                measured.costs[key] = replace(costs, allreduce_alpha_s=alpha, allreduce_beta_s_per_byte=beta,
                                          allreduce_crowded_s=max(0.0, crowded[0]))
 
 
-def _fit_spark(cal: Calibration, points: dict[tuple[str, str], list[tuple[int, float, str]]]) -> None:
+def _fit_spark(measured: MeasuredCosts, points: dict[tuple[str, str], list[tuple[int, float, str]]]) -> None:
     """A Spark round system's per-step cost beyond the device, c0 + c1 (N - 1): c0 is its job_s."""
     for (system, workload), pts in points.items():
         if len({n for n, _, _ in pts}) < 2:
@@ -242,8 +242,8 @@ def _fit_spark(cal: Calibration, points: dict[tuple[str, str], list[tuple[int, f
         src = f"{len(pts)} runs at {sorted({n for n, _, _ in pts})} workers (median comm + wait per step)"
         for name, value, h in (("job_s (per step at 1 worker)", c0, None if half is None else half[0]),
                                ("growth_s per extra worker", c1, None if half is None else half[1])):
-            cal.figures.append(Figure(system, workload, name, value, None if h is None else value - h,
+            measured.figures.append(Figure(system, workload, name, value, None if h is None else value - h,
                                       None if h is None else value + h, len(pts), src))
         key = (system, workload)
-        base = cal.costs.get(key) or SystemCosts(compute_cpu_s=0.0, model_bytes=model_bytes(workload))
-        cal.costs[key] = replace(base, job_s=c0, per_worker_s=c1, comm_fixed_s=0.0)
+        base = measured.costs.get(key) or SystemCosts(compute_cpu_s=0.0, model_bytes=model_bytes(workload))
+        measured.costs[key] = replace(base, job_s=c0, per_worker_s=c1, comm_fixed_s=0.0)

@@ -1,4 +1,5 @@
-"""The scale simulator: exact hand-computed cases, validation against measured runs, the CLI."""
+"""The analytic model (bench/sim/analytic.py): exact hand-computed cases, validation against measured
+runs, the CLI without --from."""
 from __future__ import annotations
 
 import json
@@ -7,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from psbench.bench.sim.simulate import (PRESETS, Calibration, MeasuredRun, Scenario, calibrate, measured_from_results, project,
-                            validate)
+from psbench.bench.sim.analytic import (INPUT_SUITE, PRESETS, AnalyticInputs, MeasuredRun, Scenario, measure_inputs,
+                                        measured_from_results, project, validate)
 from psbench.core.errors import ConfigError
 
 # Hand case: a = 0, t = 1 ms/sample, b = 100 -> T_c = 0.1 s; M = 1 MB, B = 100 MB/s -> M/B = 10 ms;
 # r = 1 ms; Spark J = 50 ms, j = 2 ms.
-HAND = Calibration(step_overhead_s=0.0, compute_s_per_sample=1e-3, model_bytes=1_000_000, bandwidth_Bps=1e8,
+HAND = AnalyticInputs(step_overhead_s=0.0, compute_s_per_sample=1e-3, model_bytes=1_000_000, bandwidth_Bps=1e8,
                    rtt_s=1e-3, spark_job_overhead_s=0.05, spark_task_overhead_s=0.002)
 
 
@@ -58,14 +59,14 @@ def test_stragglers_cost_bsp_more_than_ssp_and_asp():
 
 def test_shape_matches_the_horovod_paper():
     """Ring allreduce stays near-flat (paper: ~88% at 128); an unsharded PS collapses; sharding helps."""
-    cal = PRESETS["horovod-paper"]
-    ring = project(cal, Scenario("allreduce", 128, 64)).efficiency
-    ps1 = project(cal, Scenario("ps", 128, 64, servers=1)).efficiency
-    ps25 = project(cal, Scenario("ps", 128, 64, servers=25)).efficiency
+    inputs = PRESETS["horovod-paper"]
+    ring = project(inputs, Scenario("allreduce", 128, 64)).efficiency
+    ps1 = project(inputs, Scenario("ps", 128, 64, servers=1)).efficiency
+    ps25 = project(inputs, Scenario("ps", 128, 64, servers=25)).efficiency
     assert 0.75 < ring < 0.95
     assert ps1 < 0.1
     assert 0.4 < ps25 < 0.6  # the paper's ~50%: a PS sharded over ~25 servers, in this model
-    assert project(cal, Scenario("allreduce", 512, 64)).efficiency > 0.75
+    assert project(inputs, Scenario("allreduce", 512, 64)).efficiency > 0.75
 
 
 def test_validate_reports_relative_errors():
@@ -84,20 +85,20 @@ def test_validate_reports_relative_errors():
         validate([MeasuredRun("mpi", 2, 10, 1.0)], HAND)
 
 
-def test_calibrated_model_predicts_measured_single_runs(results_dir: Path):
-    """Calibrate on batch 48 and 80, predict held-out runs at batch 64 that the harness measured
-    (interleaved with the calibration runs, so a busy shared machine slows all alike). Step time is
+def test_inputs_measured_here_predict_measured_single_runs(results_dir: Path):
+    """Inputs measured at batch 48 and 80 predict held-out runs at batch 64 that the harness measured
+    (interleaved with the input runs, so a busy shared machine slows all alike). Step time is
     not exactly linear in batch size (caches, kernel choice): on CI's CPU, a 32-128 bracket put batch
-    64 26% off its line, so the calibration points bracket the prediction closely."""
-    from psbench.bench.sim.simulate import measure_compute_points
+    64 26% off its line, so the input points bracket the prediction closely."""
+    from psbench.bench.sim.analytic import measure_compute_points
 
     workload = "cnn-mnist1d"
     points = measure_compute_points(workload, (48, 64, 80), steps=300, repeats=5, results_dir=results_dir)
-    cal = calibrate(workload, batch_sizes=(48, 80), points=points)
-    assert cal.model_bytes > 0 and cal.bandwidth_Bps > 1e8 and 0 < cal.rtt_s < 0.01
-    measured = [m for m in measured_from_results(results_dir / "calibration") if m.batch_size == 64]
+    inputs = measure_inputs(workload, batch_sizes=(48, 80), points=points)
+    assert inputs.model_bytes > 0 and inputs.bandwidth_Bps > 1e8 and 0 < inputs.rtt_s < 0.01
+    measured = [m for m in measured_from_results(results_dir / INPUT_SUITE) if m.batch_size == 64]
     assert len(measured) == 5 and all(m.system == "single" and m.workers == 1 for m in measured)
-    v = validate(measured, cal)
+    v = validate(measured, inputs)
     row = v.rows[0]
     print(f"\nsimulator vs measured single runs at batch 64: error {v.max_error:.1%} "
           f"(predicted {row['predicted_samples_per_s']:.0f}, median measured {row['measured_samples_per_s']:.0f} "
@@ -108,9 +109,13 @@ def test_calibrated_model_predicts_measured_single_runs(results_dir: Path):
 def test_simulate_cli_writes_plot_and_table(tmp_path: Path, capsys):
     from psbench.bench.cli import main
 
-    cal_file = tmp_path / "cal.json"
-    cal_file.write_text(HAND.to_json())
-    assert main(["simulate", "--calibration", str(cal_file), "--batch-size", "100", "--servers", "4",
+    # `--calibration FILE` takes the calibration.json an earlier psbench wrote: these fields, its provenance
+    inputs_file = tmp_path / "calibration.json"
+    inputs_file.write_text(json.dumps({
+        "step_overhead_s": 0.0, "compute_s_per_sample": 1e-3, "model_bytes": 1_000_000, "bandwidth_Bps": 1e8,
+        "rtt_s": 1e-3, "spark_job_overhead_s": 0.05, "spark_task_overhead_s": 0.002, "cores": 0, "workload": "",
+        "source": "measured", "provenance": {"git_sha": "c34bc575a7dca0f42552898e9f81f410d09309fe"}}))
+    assert main(["simulate", "--calibration", str(inputs_file), "--batch-size", "100", "--servers", "4",
                  "--out", str(tmp_path / "sim")]) == 0
     out = capsys.readouterr().out
     assert "Assumptions:" in out and "ring allreduce" in out
@@ -123,7 +128,7 @@ def test_simulate_cli_writes_plot_and_table(tmp_path: Path, capsys):
     assert sorted(table["workers"].unique()) == [8, 16, 32, 64, 128, 256, 512]
     ring8 = table[(table.curve == "ring allreduce") & (table.workers == 8)].iloc[0]
     assert ring8["step_s"] == pytest.approx(0.1 + 2 * 7 / 8 * 0.01 + 7 * 0.001)
-    assert Calibration.from_json((tmp_path / "sim" / "calibration.json").read_text()) == HAND
+    assert AnalyticInputs.from_json((tmp_path / "sim" / "calibration.json").read_text()) == HAND
     # every file names the commit that made it, and provenance.json lists them with the versions
     stamp = json.loads((tmp_path / "sim" / "provenance.json").read_text())
     sha = stamp["git_sha"]

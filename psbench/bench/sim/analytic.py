@@ -1,5 +1,9 @@
-"""Analytic scale model: per-step time and throughput of a parameter server (S shards, BSP/ASP/SSP),
-ring allreduce and Spark's job-per-step, from a few numbers measured on this machine.
+"""The analytic model: per-step time and throughput of a parameter server (S shards, BSP/ASP/SSP),
+ring allreduce and Spark's job-per-step in closed form, from a few numbers (`AnalyticInputs`)
+measured on this machine in minutes or taken from a published setting (`PRESETS`). It needs no
+results folder, and each formula can be checked by hand. The scale model of the reference
+(results/reference/simulate) is the event model (events.py, its costs measured from the suites'
+records), which simulates every system, device and straggler a suite runs (`psbench simulate --from`).
 
 Symbols: N workers, b samples per worker step, M model bytes, B link bandwidth (bytes/s, every link
 the same, full duplex), r round-trip time, S server shards. Compute per worker step is
@@ -37,7 +41,6 @@ linearly); it does not reproduce TensorFlow's exact PS deployment, which the pap
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import statistics
@@ -46,17 +49,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from psbench.bench.sim.model_size import model_bytes
 from psbench.core.errors import ConfigError
 
 SYSTEM_MODELS = {"single": "single", "ps": "ps", "allreduce": "allreduce", "ddp": "allreduce",
                  "horovod": "allreduce", "spark": "spark"}
 CONSISTENCY = ("bsp", "asp", "ssp")
 DEFAULT_ERROR_BOUND = 0.15  # the error the model claims against measured runs
+INPUT_SUITE = "analytic-inputs"  # the suite of the `single` runs its compute fit measures
 
 
 @dataclass(frozen=True)
-class Calibration:
-    """Measured (or preset) parameters of the model."""
+class AnalyticInputs:
+    """The analytic model's inputs, measured here (`measure_inputs`) or a preset (`PRESETS`)."""
     step_overhead_s: float        # a: fixed cost per worker step
     compute_s_per_sample: float   # t: forward + backward + update per sample
     model_bytes: int              # M: parameters (float32) moved per push, pull or allreduce
@@ -76,7 +81,7 @@ class Calibration:
         return json.dumps({**asdict(self), **({"provenance": provenance} if provenance else {})}, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "Calibration":
+    def from_json(cls, text: str) -> "AnalyticInputs":
         raw = json.loads(text)
         raw.pop("provenance", None)
         return cls(**raw)
@@ -111,17 +116,17 @@ class Projection:
     efficiency: float        # samples_per_s / (workers * single-worker samples/s)
 
 
-def _straggle(cal: Calibration, sc: Scenario) -> float:
+def _straggle(inputs: AnalyticInputs, sc: Scenario) -> float:
     n = sc.workers
-    return cal.compute_s(sc.batch_size) * sc.compute_cv * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
+    return inputs.compute_s(sc.batch_size) * sc.compute_cv * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
 
 
-def project(cal: Calibration, sc: Scenario) -> Projection:
+def project(inputs: AnalyticInputs, sc: Scenario) -> Projection:
     """Per-step time and throughput of one scenario (formulas in the module docstring)."""
     model = SYSTEM_MODELS[sc.system]
-    n, b, m_over_b, r = sc.workers, sc.batch_size, cal.model_bytes / cal.bandwidth_Bps, cal.rtt_s
-    t_c = cal.compute_s(b) * cpu_share(cal, sc)
-    straggle = _straggle(cal, sc)
+    n, b, m_over_b, r = sc.workers, sc.batch_size, inputs.model_bytes / inputs.bandwidth_Bps, inputs.rtt_s
+    t_c = inputs.compute_s(b) * cpu_share(inputs, sc)
+    straggle = _straggle(inputs, sc)
     if model == "single":
         comm = 0.0
         step = t_c
@@ -131,7 +136,7 @@ def project(cal: Calibration, sc: Scenario) -> Projection:
     elif model == "ps":  # asp, ssp(s >= 1)
         wait = straggle / (sc.staleness + 1) if sc.consistency == "ssp" else 0.0
         cycle = t_c + wait + 2 * r + 2 * m_over_b
-        rate = min(n / cycle, sc.servers * cal.bandwidth_Bps / cal.model_bytes)
+        rate = min(n / cycle, sc.servers * inputs.bandwidth_Bps / inputs.model_bytes)
         step = n / rate
         comm = step - t_c
     elif model == "allreduce":
@@ -140,16 +145,16 @@ def project(cal: Calibration, sc: Scenario) -> Projection:
     else:  # spark
         broadcast = m_over_b * math.ceil(math.log2(n + 1))
         aggregate = 2 * math.ceil(math.sqrt(n)) * m_over_b + 2 * r
-        comm = cal.spark_job_overhead_s + n * cal.spark_task_overhead_s + straggle + broadcast + aggregate
+        comm = inputs.spark_job_overhead_s + n * inputs.spark_task_overhead_s + straggle + broadcast + aggregate
         step = t_c + comm
     samples_per_s = n * b / step
-    return Projection(sc, step, t_c, comm, samples_per_s, samples_per_s / (n * b / cal.compute_s(b)))
+    return Projection(sc, step, t_c, comm, samples_per_s, samples_per_s / (n * b / inputs.compute_s(b)))
 
 
-def cpu_share(cal: Calibration, sc: Scenario) -> float:
+def cpu_share(inputs: AnalyticInputs, sc: Scenario) -> float:
     """Compute slow-down when the N workers share C cores of one machine: max(1, N/C). 1 when each
     worker has its own machine (cores = 0), as in every projection."""
-    return max(1.0, sc.workers / cal.cores) if cal.cores and sc.system != "single" else 1.0
+    return max(1.0, sc.workers / inputs.cores) if inputs.cores and sc.system != "single" else 1.0
 
 
 # ---- validation against measured runs ------------------------------------------------------
@@ -182,7 +187,7 @@ class Validation:
         return self.max_error <= self.bound
 
 
-def validate(measured_runs: Iterable[MeasuredRun], cal: Calibration, bound: float = DEFAULT_ERROR_BOUND) -> Validation:
+def validate(measured_runs: Iterable[MeasuredRun], inputs: AnalyticInputs, bound: float = DEFAULT_ERROR_BOUND) -> Validation:
     """Relative error of the model's samples/s against measured runs (the lead calls this with
     measured 1-4 worker PS/DDP runs, e.g. from `measured_from_results`). Repeats of one configuration
     (same scenario) are compared through their median, as timings on a shared machine are noisy;
@@ -194,7 +199,7 @@ def validate(measured_runs: Iterable[MeasuredRun], cal: Calibration, bound: floa
         raise ConfigError("validate: no measured runs given")
     rows = []
     for scenario, runs in groups.items():
-        predicted = project(cal, scenario).samples_per_s
+        predicted = project(inputs, scenario).samples_per_s
         per_step = [r.samples_per_step for r in runs if r.samples_per_step]
         if per_step:  # same step times, the samples the runs really had per step
             predicted *= statistics.median(per_step) / scenario.batch_size
@@ -231,7 +236,7 @@ def measured_from_results(suite_dir: Path) -> list[MeasuredRun]:
     return runs
 
 
-# ---- calibration on this machine ------------------------------------------------------------
+# ---- inputs measured on this machine ------------------------------------------------------------
 
 def measure_single(workload: str, batch_size: int, steps: int, seed: int = 0,
                    results_dir: Path | None = None) -> dict[str, float]:
@@ -242,26 +247,17 @@ def measure_single(workload: str, batch_size: int, steps: int, seed: int = 0,
     spec = RunSpec("single", workload, seed=seed, batch_size=batch_size, max_steps=steps, epochs=1000,
                    evals_per_epoch=1)
     with tempfile.TemporaryDirectory() as tmp:
-        result = run_one(plan(spec), Path(results_dir or tmp), "calibration")
+        result = run_one(plan(spec), Path(results_dir or tmp), INPUT_SUITE)
     s = result.summary
     return {"samples_per_s": s["samples_per_s"], "step_s": s["train_s"] / s["steps"], "steps": s["steps"],
             "samples_per_step": s["samples"] / s["steps"]}
-
-
-@functools.lru_cache(maxsize=None)  # it loads the data set: once per workload and seed
-def model_bytes(workload: str, seed: int = 0) -> int:
-    from psbench.core.spec import RunSpec
-    from psbench.systems.common import prepare
-
-    prep = prepare(RunSpec("single", workload, seed=seed))
-    return 4 * sum(p.numel() for p in prep.build_model().parameters())
 
 
 def measure_compute_points(workload: str, batch_sizes: Sequence[int], steps: int = 100, repeats: int = 3,
                            results_dir: Path | None = None) -> dict[int, list[dict[str, float]]]:
     """`single` runs at each batch size, `repeats` times, interleaved so that slow spells of a shared
     machine hit every size alike; one discarded warm-up run first. Repeat k uses seed k (distinct
-    run ids when results_dir keeps them, suite 'calibration')."""
+    run ids when results_dir keeps them, suite INPUT_SUITE)."""
     from psbench.systems.common import configure_threads
 
     configure_threads(1)
@@ -279,27 +275,27 @@ def fit_compute(points: dict[int, list[dict[str, float]]]) -> tuple[float, float
     import numpy as np
 
     if len(points) < 2:
-        raise ConfigError("calibrate: give at least two different batch sizes")
+        raise ConfigError("analytic model: give at least two different batch sizes")
     xs = np.array([statistics.median(r["samples_per_step"] for r in runs) for runs in points.values()])
     ys = np.array([statistics.median(r["step_s"] for r in runs) for runs in points.values()])
     slope, intercept = np.polyfit(xs, ys, 1)
     return max(float(intercept), 0.0), max(float(slope), 1e-12)
 
 
-def calibrate(workload: str, batch_sizes: Sequence[int] = (16, 128), steps: int = 100, repeats: int = 3,
-              measure_link: bool = True, points: dict[int, list[dict[str, float]]] | None = None) -> Calibration:
+def measure_inputs(workload: str, batch_sizes: Sequence[int] = (16, 128), steps: int = 100, repeats: int = 3,
+                   measure_link: bool = True, points: dict[int, list[dict[str, float]]] | None = None) -> AnalyticInputs:
     """Fit T_c = a + t*b from `single` runs (or given `points`), and measure loopback RTT and bandwidth
     with a pyzmq ping-pong."""
     from psbench.bench.lab.netprobe import zmq_pingpong
 
     if len(set(batch_sizes)) < 2:
-        raise ConfigError("calibrate: give at least two different batch sizes")
+        raise ConfigError("analytic model: give at least two different batch sizes")
     points = points or measure_compute_points(workload, batch_sizes, steps, repeats)
     intercept, slope = fit_compute({b: points[b] for b in batch_sizes})
     link = zmq_pingpong("127.0.0.1") if measure_link else None
-    return Calibration(step_overhead_s=intercept, compute_s_per_sample=slope, model_bytes=model_bytes(workload),
-                       bandwidth_Bps=link.bandwidth_Bps if link else 1.25e8, rtt_s=link.rtt_s if link else 1e-4,
-                       workload=workload, source=f"single runs at batch {list(batch_sizes)}, pyzmq loopback")
+    return AnalyticInputs(step_overhead_s=intercept, compute_s_per_sample=slope, model_bytes=model_bytes(workload),
+                          bandwidth_Bps=link.bandwidth_Bps if link else 1.25e8, rtt_s=link.rtt_s if link else 1e-4,
+                          workload=workload, source=f"single runs at batch {list(batch_sizes)}, pyzmq loopback")
 
 
 def measure_spark_job_overhead(jobs: int = 20) -> float:
@@ -308,7 +304,7 @@ def measure_spark_job_overhead(jobs: int = 20) -> float:
 
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.master("local[2]").appName("psbench-calibrate").getOrCreate()
+    spark = SparkSession.builder.master("local[2]").appName("psbench-spark-job-cost").getOrCreate()
     try:
         rdd = spark.sparkContext.parallelize(range(2), 2).cache()
         rdd.count()
@@ -325,10 +321,10 @@ def measure_spark_job_overhead(jobs: int = 20) -> float:
 PRESETS = {
     # Sergeev & Del Balso 2018 setting, approximately: ResNet-101 (44.5 M params), 25 Gbit/s RoCE,
     # P100 at ~110 images/s, RDMA-class latency. Spark numbers are our assumptions.
-    "horovod-paper": Calibration(step_overhead_s=0.0, compute_s_per_sample=1 / 110, model_bytes=178_000_000,
-                                 bandwidth_Bps=25e9 / 8, rtt_s=50e-6, spark_job_overhead_s=0.1,
-                                 spark_task_overhead_s=0.002, workload="resnet-101 (preset)",
-                                 source="preset: Horovod paper setting"),
+    "horovod-paper": AnalyticInputs(step_overhead_s=0.0, compute_s_per_sample=1 / 110, model_bytes=178_000_000,
+                                    bandwidth_Bps=25e9 / 8, rtt_s=50e-6, spark_job_overhead_s=0.1,
+                                    spark_task_overhead_s=0.002, workload="resnet-101 (preset)",
+                                    source="preset: Horovod paper setting"),
 }
 
 
@@ -345,27 +341,27 @@ def default_scenarios(batch_size: int, servers: int) -> dict[str, list[Scenario]
     }
 
 
-def projection_table(cal: Calibration, curves: dict[str, list[Scenario]]) -> list[dict[str, Any]]:
+def projection_table(inputs: AnalyticInputs, curves: dict[str, list[Scenario]]) -> list[dict[str, Any]]:
     rows = []
     for label, scenarios in curves.items():
         for sc in scenarios:
-            p = project(cal, sc)
+            p = project(inputs, sc)
             rows.append({"curve": label, "workers": sc.workers, "batch_size": sc.batch_size, "servers": sc.servers,
                          "consistency": sc.consistency, "step_s": p.step_s, "samples_per_s": p.samples_per_s,
                          "efficiency": p.efficiency})
     return rows
 
 
-def assumptions_text(cal: Calibration, batch_size: int) -> str:
-    return (f"{cal.workload or 'workload'} ({cal.source})\n"
-            f"compute/step = {cal.step_overhead_s * 1e3:.3g} ms + {cal.compute_s_per_sample * 1e6:.3g} us x b, b = {batch_size}\n"
-            f"model {cal.model_bytes / 1e6:.3g} MB, link {cal.bandwidth_Bps * 8 / 1e9:.3g} Gbit/s full duplex, "
-            f"rtt {cal.rtt_s * 1e6:.3g} us\n"
-            f"Spark: job {cal.spark_job_overhead_s * 1e3:.3g} ms + task {cal.spark_task_overhead_s * 1e3:.3g} ms x N; "
+def assumptions_text(inputs: AnalyticInputs, batch_size: int) -> str:
+    return (f"{inputs.workload or 'workload'} ({inputs.source})\n"
+            f"compute/step = {inputs.step_overhead_s * 1e3:.3g} ms + {inputs.compute_s_per_sample * 1e6:.3g} us x b, b = {batch_size}\n"
+            f"model {inputs.model_bytes / 1e6:.3g} MB, link {inputs.bandwidth_Bps * 8 / 1e9:.3g} Gbit/s full duplex, "
+            f"rtt {inputs.rtt_s * 1e6:.3g} us\n"
+            f"Spark: job {inputs.spark_job_overhead_s * 1e3:.3g} ms + task {inputs.spark_task_overhead_s * 1e3:.3g} ms x N; "
             f"no compute/comm overlap, no stragglers")
 
 
-def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base: Path, source: str = "") -> list[Path]:
+def plot(rows: list[dict[str, Any]], inputs: AnalyticInputs, batch_size: int, out_base: Path, source: str = "") -> list[Path]:
     """The projection as PNG and SVG; `source` (the commit that drew it) goes in their metadata."""
     import matplotlib
 
@@ -387,8 +383,8 @@ def plot(rows: list[dict[str, Any]], cal: Calibration, batch_size: int, out_base
     ax_e.set_ylabel("scaling efficiency (%)")
     ax_e.set_ylim(0, 105)
     ax_e.legend(fontsize=8)
-    fig.suptitle("psbench scale projection (analytic model, bench/sim/simulate.py)")
-    fig.text(0.01, 0.01, "Assumptions: " + assumptions_text(cal, batch_size), fontsize=7.5, family="monospace",
+    fig.suptitle("psbench scale projection (analytic model, bench/sim/analytic.py)")
+    fig.text(0.01, 0.01, "Assumptions: " + assumptions_text(inputs, batch_size), fontsize=7.5, family="monospace",
              va="bottom")
     fig.tight_layout(rect=(0, 0.14, 1, 0.95))
     from psbench.core.atomic import atomic_write

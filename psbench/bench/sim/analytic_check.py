@@ -1,11 +1,11 @@
-"""Validating the scale model (bench/sim/simulate.py) against runs measured on this machine.
+"""The analytic model (bench/sim/analytic.py) against runs measured on this machine.
 
 `measure_local` runs `single` at two batch sizes (the compute fit) and ps (bsp/asp) / ddp at 1-4
 workers on loopback, interleaved repeat by repeat, so a slow spell of a shared machine hits the
-calibration and the runs it predicts alike. `validate_local` fits the calibration from those same
+model's inputs and the runs it predicts alike. `validate_local` fits the inputs from those same
 runs (cores = this machine's, since the workers share it) and reports the model's error.
 `netlab_runs` turns the bandwidth experiment's table (bench/lab/netbench.py) into measured runs whose
-calibration takes the link bandwidth from the cap.
+inputs take the link bandwidth from the cap.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from psbench.bench.sim.simulate import (Calibration, MeasuredRun, Validation, fit_compute, measure_single, model_bytes,
-                            validate)
+from psbench.bench.sim.model_size import model_bytes
+from psbench.bench.sim.analytic import AnalyticInputs, MeasuredRun, Validation, fit_compute, measure_single, validate
 from psbench.core.cpu import usable_cores
 
 SYSTEMS = {"ps-bsp": ("ps", {"consistency": "bsp"}), "ps-asp": ("ps", {"consistency": "asp"}), "ddp": ("ddp", {})}
@@ -56,22 +56,22 @@ def measure_local(workload: str, batch_size: int, workers: Sequence[int] = (1, 2
     return points, runs
 
 
-def local_calibration(workload: str, points, cores: float | None = None) -> Calibration:
+def local_inputs(workload: str, points, cores: float | None = None) -> AnalyticInputs:
     from psbench.bench.lab.netprobe import zmq_pingpong
 
     a, t = fit_compute(points)
     link = zmq_pingpong("127.0.0.1")
     cores = cores or usable_cores().count
-    return Calibration(step_overhead_s=a, compute_s_per_sample=t, model_bytes=model_bytes(workload),
-                       bandwidth_Bps=link.bandwidth_Bps, rtt_s=link.rtt_s, cores=cores,
-                       workload=workload, source=f"single at batch {sorted(points)} interleaved with the runs, "
-                                                 f"pyzmq loopback, {cores:g} shared cores")
+    return AnalyticInputs(step_overhead_s=a, compute_s_per_sample=t, model_bytes=model_bytes(workload),
+                          bandwidth_Bps=link.bandwidth_Bps, rtt_s=link.rtt_s, cores=cores,
+                          workload=workload, source=f"single at batch {sorted(points)} interleaved with the runs, "
+                                                    f"pyzmq loopback, {cores:g} shared cores")
 
 
-def validate_local(workload: str, batch_size: int, **kwargs) -> tuple[Calibration, Validation]:
+def validate_local(workload: str, batch_size: int, **kwargs) -> tuple[AnalyticInputs, Validation]:
     points, runs = measure_local(workload, batch_size, **kwargs)
-    cal = local_calibration(workload, points)
-    return cal, validate(runs, cal)
+    inputs = local_inputs(workload, points)
+    return inputs, validate(runs, inputs)
 
 
 def netlab_runs(table) -> list[tuple[MeasuredRun, float, float]]:
@@ -89,12 +89,12 @@ def netlab_runs(table) -> list[tuple[MeasuredRun, float, float]]:
     return out
 
 
-def validate_netlab(table, cal: Calibration) -> Validation:
+def validate_netlab(table, inputs: AnalyticInputs) -> Validation:
     """The bandwidth runs against the model, each with its cap as the link bandwidth (every host of the
-    lab shares this machine's cores, so `cal.cores` applies as in the loopback runs; rtt unchanged)."""
+    lab shares this machine's cores, so `inputs.cores` applies as in the loopback runs; rtt unchanged)."""
     rows = []
     for run, bandwidth, cap in netlab_runs(table):
-        v = validate([run], replace(cal, bandwidth_Bps=bandwidth))
+        v = validate([run], replace(inputs, bandwidth_Bps=bandwidth))
         rows += [{**r, "cap_mbit": cap, "link_mbit": bandwidth * 8 / 1e6} for r in v.rows]
     if not rows:
         from psbench.core.errors import ConfigError
