@@ -9,6 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from psbench.bench.report import variance_power as vp
+from psbench.bench.report.claims import SHARDING
 from psbench.bench.report.stats import paired_variance_ratio
 
 
@@ -126,7 +127,7 @@ def test_the_powered_designs_seeds_are_what_the_pilots_tails_ask_for():
     pilot = pd.read_csv(root / "results/pilot/sharding-powered-0524d41.csv")
     assert len(pilot) == 1320 and pilot["git_sha"].str.startswith("0524d41").all()
     pool = thesis.random_residuals(pilot)
-    assert len(seeds) == vp.simulated_seeds_for(pool, thesis.SHARDING_EFFECT, thesis.ALPHA / tested)
+    assert len(seeds) == vp.simulated_seeds_for(pool, SHARDING.effect, thesis.ALPHA / tested)
 
 
 def test_the_simulated_statistic_is_the_verdicts_test_row_by_row():

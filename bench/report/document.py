@@ -24,6 +24,7 @@ from psbench.bench.report import cost_model, measures, switching, throughput_gap
 from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order, baseline_runs,
                                         breakdown_groups, draw_all, sharding_runs, throughput_column)
 from psbench.bench.report import thesis as thesis_findings
+from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH
 from psbench.bench.report.markdown import fmt_cell as _fmt, frame_strings as _frame_strings, markdown_table
 from psbench.bench.report.markdown import missing as _missing
 from psbench.bench.report.stats import CONFIDENCE, N_BOOT, Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
@@ -38,7 +39,8 @@ PLOT_CAPTIONS = {
                              "log-log (Kassela et al. 2019 varied MLlib's miniBatchFraction); the legend gives "
                              "each system's fall, largest ÷ smallest fraction.",
     "step_time_vs_batch": "Time per mini-batch against mini-batch size, log-log. Kassela et al. (2019): the PS's "
-                          "per-mini-batch cost fell up to 14x as batches shrank, Spark MLlib's at most 1.36x.",
+                          f"per-mini-batch cost fell up to {KASSELA.ps_fall:g}x as batches shrank, Spark MLlib's at "
+                          f"most {KASSELA.spark_fall:g}x.",
     "time_to_accuracy": "Validation accuracy against training wall time (evaluation time excluded).",
     "scaling_efficiency": "Samples/s at N workers divided by N times the single-process samples/s (1 = linear).",
     "staleness_hist": "How many server versions behind each applied update was (0 = fresh).",
@@ -351,7 +353,7 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
         [_metric_short(t) for m, t in SHARDING_METRICS if m in SHARDING_TESTED])
     frame["in the verdict"] = ["yes" if t else "–" if s == "random" else "no: shown, not tested"
                                for t, s in zip(tested, frame["sharding"])]
-    effect = thesis_findings.SHARDING_EFFECT
+    effect = SHARDING.effect
     power = [variance_power.tail_power(pool, int(n), alpha, effect) if t else None
              for t, n in zip(tested, frame["seeds"])]  # one simulation per seed count: tail_power is cached
     frame[f"detectable ratio ({variance_power.POWER:.0%} power)"] = [p.detectable if p else None for p in power]
@@ -371,7 +373,7 @@ def sharding_power_text(res: SuiteResults, sharding: pd.DataFrame) -> str:
         return ""
     alpha, _ = thesis_findings.sharding_level(res)
     tails = variance_power.tail_power(thesis_findings.sharding_residuals(res), int(tested["seeds"].min()), alpha,
-                                      thesis_findings.SHARDING_EFFECT)
+                                      SHARDING.effect)
     return f"Power: {tails.text()}." if tails else f"Power: {variance_power.TOO_FEW_TAILS}."
 
 
@@ -498,7 +500,7 @@ def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
     if not batch.empty:
         ours = "; ".join(f"{r['system']}{_where(r)}: {r['cost fall (largest ÷ smallest)']:.2f}x "
                          f"(batch {r['largest batch']}→{r['smallest batch']})" for _, r in batch.iterrows())
-        rows.append({"claim": "per-mini-batch cost falls as batches shrink", "thesis": thesis_findings.PAPER["kassela"],
+        rows.append({"claim": "per-mini-batch cost falls as batches shrink", "thesis": KASSELA.paper,
                      "ours": ours})
     if not sharding.empty:
         parts = []
@@ -506,10 +508,10 @@ def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
             found = [text for split, name in (("train", "training"), ("val", "validation"))
                      if (text := _max_ratio(g, split, name))]
             parts.append(f"{strategy}: " + ", ".join(found) if found else f"{strategy}: no ratio (too few seeds)")
-        rows.append({"claim": "smarter sharding lowers run-to-run variance", "thesis": thesis_findings.PAPER["sharding"],
+        rows.append({"claim": SHARDING_ANY, "thesis": SHARDING.paper,
                      "ours": "; ".join(parts) or "only random sharding in this suite"})
     if not switch.empty and (switch["role"] == "switch").any():
-        rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": thesis_findings.PAPER["switch"],
+        rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": SWITCH.paper,
                      "ours": "; ".join(_switch_verdicts(res, switch))})
     return pd.DataFrame(rows)
 
@@ -687,7 +689,8 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "and largest batch size of each variant, median over runs.")
     table("Mini-batch fall ratio (Kassela et al. 2019)", fall_table(res),
           measures.FALL_RULE.capitalize() + ". Fractions: the global mini-batch over the training rows. Target "
-          "(the thesis): the PS's time falls >= 10x over the range, Spark MLlib's <= 1.5x; the parts at both "
+          f"(the thesis): the PS's time falls >= {KASSELA.ps_fall_min:g}x over the range, Spark MLlib's <= "
+          f"{KASSELA.spark_fall_max:g}x; the parts at both "
           "ends (ms per step, median) say why a time does or does not fall.")
     fits = cost_model.suite_fits(res) if fits is None else fits
     table("Per-mini-batch cost model", cost_model.terms_table(fits),
@@ -733,9 +736,9 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           "test (shown) and the F test reject far more often than their level. The losses' ratios are shown, "
           "not tested. "
           "Power: the smallest true ratio this many seeds detect with 80% power by the verdict's test, and the "
-          "seeds per strategy a 2x effect needs, from the random-shard runs' own tails; 'detectable if normal': "
+          f"seeds per strategy a {SHARDING.effect:g}x effect needs, from the random-shard runs' own tails; 'detectable if normal': "
           "the one-sided F test's figure, which holds for normal metrics only (bench/report/variance_power.py). "
-          + sharding_power_text(res, sharding) + " The paper's design (5 runs a strategy): "
+          + sharding_power_text(res, sharding) + f" The paper's design ({SHARDING.runs} runs a strategy): "
           + (variance_power.paper_design_text() + "." if not sharding.empty else ""))
     table("Strategy-Switch", switch, "Strategy-Switch runs (role switch) and the pure sync and async runs set up "
           "alike: time of the sync → async switch, hand-over, time to target (MLPerf, incl. launch + hand-over) "

@@ -12,10 +12,11 @@ import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults
 from psbench.bench.report import stats
+from psbench.bench.report.claims import SWITCH
 from psbench.core.records import TARGET_WINDOW
 
-SWITCH_SPEEDUP = 1.3    # switch's time to target: sync's / switch's at least this
-SWITCH_ACC_PP = 0.5     # switch's final accuracy at most this many points below sync's
+SWITCH_SPEEDUP = SWITCH.speedup_min  # switch's time to target: sync's / switch's at least this
+SWITCH_ACC_PP = SWITCH.accuracy_pp   # switch's final accuracy at most this many points below sync's
 ALPHA = 0.05
 
 CALIBRATION_SEED_MIN = 100   # seeds >= this are calibration seeds: they set the target, never the verdict

@@ -37,39 +37,24 @@ from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDI
 from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
                                             switch_verdict_table)
 from psbench.bench.report import stats, throughput_gap, variance_power
+from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH, THROUGHPUT, Verdict
 from psbench.bench.report.markdown import markdown_table
 from psbench.bench.report.stats import (Interval, VarianceRatio, paired_variance_ratio,
                                         variance_ratio)
 from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
-
-PS_FALL_MIN = 10.0      # the PS's per-mini-batch time falls at least this much over the range
-SPARK_FALL_MAX = 1.5    # Spark MLlib's at most this much
 PAPER_POINT_TOLERANCE = 0.25  # a measured data per core within 25 % of a paper setup's is measured "at" it
-SHARDING_EFFECT = 2.0   # the paper's smallest reported variance reduction (~2x on validation)
 ALPHA = 0.05
 
-PAPER = {
-    "kassela": "PS per-mini-batch time fell up to 14x as mini-batches shrank; Spark MLlib's at most 1.36x "
-               "(Kassela et al., IEEE BigData 2019)",
-    "throughput": "specialised architectures deliver substantially higher throughput than general-purpose "
-                  "data-processing frameworks at large scales (the thesis' abstract; a claim, no figure)",
-    "switch": "Strategy-Switch: accuracy comparable to synchronous all-reduce while training much faster "
-              "(Provatas et al., IEEE Access 2025); Sync-Switch: up to 5x faster to target (ICDCS 2021)",
-    "sharding": "variance of final metrics, random ÷ strategy: distribution-aware 8.48x on training accuracy "
-                "(CIFAR-10, k=30), ~2x on validation; stratified 6.11x on validation accuracy (CIFAR-100 "
-                "coarse) (Provatas et al., IEEE BigData 2021)",
-}
 TRAINED_FACTOR = 2.0  # a sharding comparison counts only if its runs learned: accuracy >= 2 x chance
 RULES = {
     "kassela": f"with both sides on real compute (no emulated device), measured at the paper's data per core "
                f"(a setup's rows per core within {PAPER_POINT_TOLERANCE:.0%}: 39k, its 141 x 2-vCPU VMs; 1.1 M, its 5 "
                f"nodes): reproduced if at one of them the PS's fall 100 % → 1 % (paired by seed) has its 95% "
-               f"interval at or above {PS_FALL_MIN:g}x and every Spark MLlib native variant's at or below "
-               f"{SPARK_FALL_MAX:g}x; not reproduced if at each of them the PS's interval lies below {PS_FALL_MIN:g}x "
-               f"or every Spark variant's above {SPARK_FALL_MAX:g}x; else inconclusive. The fall to 0.01 % and the "
+               f"interval at or above {KASSELA.ps_fall_min:g}x and every Spark MLlib native variant's at or below "
+               f"{KASSELA.spark_fall_max:g}x; not reproduced if at each of them the PS's interval lies below {KASSELA.ps_fall_min:g}x "
+               f"or every Spark variant's above {KASSELA.spark_fall_max:g}x; else inconclusive. The fall to 0.01 % and the "
                f"cost model's projections are shown, never the verdict; an emulated device is inconclusive by "
                f"construction; runs that oversubscribed the cores are shown, never counted. The {measures.FALL_RULE}",
     "throughput": throughput_gap.TWIN_RULE,  # stated where it is computed
@@ -87,8 +72,8 @@ RULES = {
                 f"deviation ÷ the strategy's, squared), shown with its interval at {ALPHA:g} ÷ all ratios tested. "
                 f"A strategy is reproduced if some ratio is significantly less variable than random and none more; "
                 f"not reproduced if some is significantly more variable and none less (said so), or none is "
-                f"significant and every spread interval lies below {SHARDING_EFFECT:g}x; else inconclusive. Both "
-                f"powers are stated: to detect {SHARDING_EFFECT:g}x and to rule it out, simulated from the random "
+                f"significant and every spread interval lies below {SHARDING.effect:g}x; else inconclusive. Both "
+                f"powers are stated: to detect {SHARDING.effect:g}x and to rule it out, simulated from the random "
                 f"runs' own tails. Comparisons whose runs stayed below {TRAINED_FACTOR:g}x chance accuracy are left "
                 f"out and named",
 }
@@ -99,7 +84,7 @@ class Finding:
     finding: str
     paper: str
     ours: str
-    verdict: str
+    verdict: Verdict
     rule: str
     suite: str
     seeds: int = 0  # the design's seeds a comparison, where several suites test the same finding
@@ -248,11 +233,11 @@ def kassela(res: SuiteResults) -> Finding | None:
     if not any(f.system == "ps" for f in shown) or not any(f.label in natives for f in shown):
         return None
     falls = [f for f in shown if not f.oversubscribed]  # a verdict holds without oversubscribed runs
-    name = "per-mini-batch time falls with the mini-batch for the PS, not for Spark MLlib"
+    name = KASSELA.finding
     if _emulated(res):
         text = ("an emulated device paces one side and not the other: the fall is the device profile's, not the "
                 "systems' (bench/experiments/kassela.toml measures both on real compute)")
-        return Finding(name, PAPER["kassela"], text, INCONCLUSIVE, RULES["kassela"], res.suite,
+        return Finding(name, KASSELA.paper, text, Verdict.INCONCLUSIVE, RULES["kassela"], res.suite,
                        headline=_cell(text), decides="an emulated device on one side only")
     # the tested points: a paper setup's data per core, with the PS and Spark's native trainer measured there
     points: dict[str, tuple[KasselaFall, list[KasselaFall]]] = {}
@@ -266,32 +251,32 @@ def kassela(res: SuiteResults) -> Finding | None:
     for setup, (ps, spark) in points.items():
         top = max(spark, key=lambda f: f.tested.hi if not math.isnan(f.tested.hi) else f.tested.estimate)
         heads.append(f"{_per_core(ps.rows_per_core)} rows/core: PS {_iv(ps.tested)}, Spark native up to {_iv(top.tested)}")
-        ps_holds, ps_fails = ps.tested.lo >= PS_FALL_MIN, ps.tested.hi < PS_FALL_MIN
-        spark_holds = all(f.tested.hi <= SPARK_FALL_MAX for f in spark)
-        spark_fails = all(f.tested.lo > SPARK_FALL_MAX for f in spark)
+        ps_holds, ps_fails = ps.tested.lo >= KASSELA.ps_fall_min, ps.tested.hi < KASSELA.ps_fall_min
+        spark_holds = all(f.tested.hi <= KASSELA.spark_fall_max for f in spark)
+        spark_fails = all(f.tested.lo > KASSELA.spark_fall_max for f in spark)
         holds.append(ps_holds and spark_holds)
         fails.append(ps_fails or spark_fails)
         at = _per_core(ps.rows_per_core)
-        why.append(f"{at}: PS lower bound {ps.tested.lo:.3g} {'≥' if ps_holds else '<'} {PS_FALL_MIN:g}x, Spark upper "
-                   f"{max(f.tested.hi for f in spark):.3g} {'≤' if spark_holds else '>'} {SPARK_FALL_MAX:g}x"
+        why.append(f"{at}: PS lower bound {ps.tested.lo:.3g} {'≥' if ps_holds else '<'} {KASSELA.ps_fall_min:g}x, Spark upper "
+                   f"{max(f.tested.hi for f in spark):.3g} {'≤' if spark_holds else '>'} {KASSELA.spark_fall_max:g}x"
                    if holds[-1] or not fails[-1] else
                    f"{at}: " + " and ".join(
-                       ([f"PS upper bound {ps.tested.hi:.3g} < {PS_FALL_MIN:g}x"] if ps_fails else [])
-                       + ([f"every Spark lower bound > {SPARK_FALL_MAX:g}x (least {min(f.tested.lo for f in spark):.3g})"]
+                       ([f"PS upper bound {ps.tested.hi:.3g} < {KASSELA.ps_fall_min:g}x"] if ps_fails else [])
+                       + ([f"every Spark lower bound > {KASSELA.spark_fall_max:g}x (least {min(f.tested.lo for f in spark):.3g})"]
                           if spark_fails else [])))
     all_setups = {name for name, _, _ in cost_model.PAPER_SETUPS}
     if any(holds):
-        verdict = REPRODUCED
+        verdict = Verdict.REPRODUCED
     elif points and set(points) == all_setups and all(fails):
-        verdict = NOT_REPRODUCED
+        verdict = Verdict.NOT_REPRODUCED
     else:
-        verdict = INCONCLUSIVE
+        verdict = Verdict.INCONCLUSIVE
     n = sorted({f.tested.n for ps, spark in points.values() for f in [ps, *spark]})
     n_text = f"n={n[0]}" if len(n) == 1 else f"n={n[0]}–{n[-1]}" if n else "n=0"
     if points:
         headline = _cell("; ".join(heads) + f" (100 → 1 %, {n_text})")
         missing = sorted(all_setups - set(points))
-        decides = _cell("; ".join(why) + ("" if verdict != INCONCLUSIVE or not missing else
+        decides = _cell("; ".join(why) + ("" if verdict != Verdict.INCONCLUSIVE or not missing else
                                           f"; not measured at {len(missing)} of the paper's setups"))
     elif any(f.setup is not None for f in shown if f.oversubscribed):
         headline = _cell("at the paper's data per core only runs that oversubscribed the cores: "
@@ -305,7 +290,7 @@ def kassela(res: SuiteResults) -> Finding | None:
         decides = _cell("no measurement at a paper setup's data per core (within "
                         f"{PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a verdict")
     detail = _kassela_detail(res, every, natives)
-    return Finding(name, PAPER["kassela"], headline, verdict, RULES["kassela"], res.suite,
+    return Finding(name, KASSELA.paper, headline, verdict, RULES["kassela"], res.suite,
                    headline=headline, decides=decides, detail=detail)
 
 
@@ -353,7 +338,7 @@ def throughput(res: SuiteResults) -> Finding | None:
     tested = tg.verdict_twins(found)
     if all(t.missing for t in tested):
         return None  # no twin with both sides run: the suite is no throughput design (e.g. `systems`)
-    verdict = REPRODUCED if tg.holds(found) else NOT_REPRODUCED if tg.fails(found) else INCONCLUSIVE
+    verdict = Verdict.REPRODUCED if tg.holds(found) else Verdict.NOT_REPRODUCED if tg.fails(found) else Verdict.INCONCLUSIVE
     counted = [t for t in tested if t.counted and not math.isnan(t.ratio.lo)]
     missing = [t for t in tested if t.missing]
     crowded = [t for t in tested if t.oversubscribed]
@@ -417,8 +402,7 @@ def throughput(res: SuiteResults) -> Finding | None:
         f"counted): {'; '.join(ocs) if ocs else 'none'}.",
     ]))
     ours = headline + (f"; {decides}" if missing else "")
-    return Finding("specialised systems' throughput above Spark's data-processing paths, like for like",
-                   PAPER["throughput"], ours, verdict, RULES["throughput"], res.suite,
+    return Finding(THROUGHPUT.finding, THROUGHPUT.paper, ours, verdict, RULES["throughput"], res.suite,
                    headline=headline, decides=decides, detail=detail)
 
 
@@ -445,7 +429,7 @@ def switch(res: SuiteResults) -> Finding | None:
                      + (f"; never switched {c.never_switched}" if c.never_switched not in ("–", "0/0") else "")
                      + ("" if c.in_verdict or c.never_switched == "–" else
                         " (never acted: not in the verdict)" if not c.switched else f" ({sw.variant_role(c)})"))
-    verdict = {sw.HOLDS: REPRODUCED, sw.FAILS: NOT_REPRODUCED}.get(judged.outcome, INCONCLUSIVE)
+    verdict = {sw.HOLDS: Verdict.REPRODUCED, sw.FAILS: Verdict.NOT_REPRODUCED}.get(judged.outcome, Verdict.INCONCLUSIVE)
     blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items()) or "none judged"
     tested = [c for c in found if c.in_verdict]
     lead = max(tested or [c for c in found if not c.map_cell] or found, key=lambda c: c.speedup.estimate)
@@ -459,7 +443,7 @@ def switch(res: SuiteResults) -> Finding | None:
     else:
         decides = (f"speed-up interval vs {SWITCH_SPEEDUP:g}x and accuracy interval vs -{SWITCH_ACC_PP:g} pp "
                    f"({'both ruled out' if judged.outcome == sw.FAILS else 'not both shown'}); blocks: {blocks}")
-    return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts + map_parts),
+    return Finding(SWITCH.finding, SWITCH.paper, "; ".join(parts + map_parts),
                    verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite,
                    headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged, verdict))
 
@@ -468,7 +452,7 @@ def _cell(text: str) -> str:
     return text if len(text) <= SUMMARY_CELL else text[:SUMMARY_CELL - 1] + "…"
 
 
-def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
+def _switch_detail(res: SuiteResults, judged, verdict: Verdict) -> str:
     """The switch's section: per block and on all seeds, each variant against the fastest sync
     system; then what ran where."""
     from psbench.bench.report import switching as sw
@@ -618,7 +602,7 @@ class StrategyTest:
     higher: int             # significantly more variable
     points_lower: int       # point estimates in the paper's direction (spread ratio > 1), significant or not
     points_higher: int
-    verdict: str
+    verdict: Verdict
     reason: str
 
 
@@ -634,29 +618,20 @@ def strategy_tests(ratios: pd.DataFrame) -> list[StrategyTest]:
         lower = int((rows["holm"] & (rows["spread"] > 1)).sum())
         higher = int((rows["holm"] & (rows["spread"] < 1)).sum())
         if lower and higher:
-            verdict, reason = INCONCLUSIVE, "ratios significant both ways: the effect depends on the data"
+            verdict, reason = Verdict.INCONCLUSIVE, "ratios significant both ways: the effect depends on the data"
         elif lower:
-            verdict, reason = REPRODUCED, f"{lower} ratio(s) significantly less variable than random, none more"
+            verdict, reason = Verdict.REPRODUCED, f"{lower} ratio(s) significantly less variable than random, none more"
         elif higher:
-            verdict, reason = NOT_REPRODUCED, f"more variable than random: {higher} ratio(s) significant, none lower"
-        elif (rows["spread_hi"] < SHARDING_EFFECT).all():
-            verdict, reason = NOT_REPRODUCED, f"no ratio significant and every upper bound below {SHARDING_EFFECT:g}x"
+            verdict, reason = Verdict.NOT_REPRODUCED, f"more variable than random: {higher} ratio(s) significant, none lower"
+        elif (rows["spread_hi"] < SHARDING.effect).all():
+            verdict, reason = Verdict.NOT_REPRODUCED, f"no ratio significant and every upper bound below {SHARDING.effect:g}x"
         else:
-            reaching = int((rows["spread_hi"] >= SHARDING_EFFECT).sum())
-            verdict, reason = INCONCLUSIVE, (f"no ratio significant; {reaching} of {len(rows)} upper bounds still "
-                                             f"reach {SHARDING_EFFECT:g}x")
+            reaching = int((rows["spread_hi"] >= SHARDING.effect).sum())
+            verdict, reason = Verdict.INCONCLUSIVE, (f"no ratio significant; {reaching} of {len(rows)} upper bounds still "
+                                             f"reach {SHARDING.effect:g}x")
         out.append(StrategyTest(family, rows, alpha, lower, higher, int((rows["spread"] > 1).sum()),
                                 int((rows["spread"] < 1).sum()), verdict, reason))
     return out
-
-
-SHARDING_FINDING = "{} shards lower run-to-run variance"
-SHARDING_PAPER = {
-    "stratified": "stratified shards: validation-accuracy variance 6.11x lower than random (CIFAR-100 coarse, 5 runs "
-                  "a strategy; Provatas et al., IEEE BigData 2021)",
-    "distribution-aware": "distribution-aware shards: training-accuracy variance 8.48x lower than random (CIFAR-10, "
-                          "k=30), ~2x on validation (5 runs a strategy; Provatas et al., IEEE BigData 2021)",
-}
 
 
 def _sharding_where(r: pd.Series) -> str:
@@ -686,8 +661,8 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
             f"left out" for (w, c), (acc, chance) in failed.items()]
     ratios = ratios[[(w, c) not in failed for w, c in zip(ratios["workload"], ratios["conditions"])]]
     if ratios.empty:
-        return [Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(idle),
-                        INCONCLUSIVE, RULES["sharding"], res.suite, headline="every comparison's runs did not learn",
+        return [Finding(SHARDING_ANY, SHARDING.paper, "; ".join(idle),
+                        Verdict.INCONCLUSIVE, RULES["sharding"], res.suite, headline="every comparison's runs did not learn",
                         decides="; ".join(idle)[:SUMMARY_CELL])]
     pool = sharding_residuals(res)
     seeds = int(ratios["seeds"].min())
@@ -701,15 +676,15 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
         worst = test.ratios.loc[test.ratios["spread"].idxmin()]
         counts = (f"{test.points_lower} of {m} ratios point the paper's way, {test.points_higher} the other; "
                   f"significant (Holm at {test.alpha:.3g}): {test.lower} lower, {test.higher} higher")
-        detect = variance_power.tail_power(pool, seeds, per_ratio, SHARDING_EFFECT)
-        rule_out = variance_power.rule_out_power(pool, seeds, level, SHARDING_EFFECT, m)
-        power = [f"to detect {SHARDING_EFFECT:g}x: "
+        detect = variance_power.tail_power(pool, seeds, per_ratio, SHARDING.effect)
+        rule_out = variance_power.rule_out_power(pool, seeds, level, SHARDING.effect, m)
+        power = [f"to detect {SHARDING.effect:g}x: "
                  + (detect.text() if detect else f"{seeds} seeds a strategy; {variance_power.TOO_FEW_TAILS} "
                                                  f"({len(pool)}; {variance_power.MIN_POOL} needed)")
                  + f"; were the metrics normal, an F test would detect "
-                 f"{variance_power.detectable_ratio(seeds, seeds, per_ratio):.2f}x and {SHARDING_EFFECT:g}x would "
-                 f"need {variance_power.seeds_label(SHARDING_EFFECT, per_ratio)} seeds",
-                 f"to rule {SHARDING_EFFECT:g}x out: "
+                 f"{variance_power.detectable_ratio(seeds, seeds, per_ratio):.2f}x and {SHARDING.effect:g}x would "
+                 f"need {variance_power.seeds_label(SHARDING.effect, per_ratio)} seeds",
+                 f"to rule {SHARDING.effect:g}x out: "
                  + (rule_out.text() + " (delta-method bounds)" if rule_out else variance_power.TOO_FEW_TAILS)]
         headline = (f"spread ratio {best['spread']:.2f}x [{best['spread_lo']:.2f}, {best['spread_hi']:.2f}] at most, "
                     f"{worst['spread']:.2f}x [{worst['spread_lo']:.2f}, {worst['spread_hi']:.2f}] at least "
@@ -725,7 +700,7 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
                            for r in variance_power.PAPER_RATIOS) + "."),
             "", conditions] + [f"- {i}" for i in idle])
         ours = f"{counts}; {headline}; power " + "; power ".join(power) + ("; " + "; ".join(idle) if idle else "")
-        out.append(Finding(SHARDING_FINDING.format(test.family), SHARDING_PAPER.get(test.family, PAPER["sharding"]),
+        out.append(Finding(SHARDING.finding.format(test.family), SHARDING.per_strategy(test.family) or SHARDING.paper,
                            ours, test.verdict, RULES["sharding"], res.suite, seeds, headline=headline,
                            decides=test.reason, detail=detail))
     return out
@@ -784,9 +759,6 @@ def collect(results_dir: Path, quick: bool = False, include_lost: bool = False) 
     return found, left_out
 
 
-SUBSET = "shown, not the verdict"
-
-
 def one_verdict_each(found: list[Finding]) -> list[Finding]:
     """Where several suites test one finding by seeded designs (make bench's 20-seed sharding suite
     and the powered one), the design with the most seeds gives the verdict; a smaller one stays in
@@ -799,7 +771,7 @@ def one_verdict_each(found: list[Finding]) -> list[Finding]:
     for f in found:
         top = most.get(f.finding)
         if f.seeds and top is not None and f is not top:
-            f = replace(f, verdict=SUBSET, ours=f"a smaller design ({f.seeds} seeds a comparison; the verdict is "
+            f = replace(f, verdict=Verdict.SUBSET, ours=f"a smaller design ({f.seeds} seeds a comparison; the verdict is "
                         f"{top.suite}'s, {top.seeds}); by itself: {f.verdict}; " + f.ours,
                         decides=f"a smaller design ({f.seeds} seeds); {top.suite}'s {top.seeds} give the verdict; "
                                 f"by itself: {f.verdict}")
