@@ -12,7 +12,7 @@ from scipy.stats import pearsonr
 
 from psbench.bench.cli import main
 from psbench.bench.harness.results import load_suite
-from psbench.bench.report import measures, thesis
+from psbench.bench.report import measures, sharding, thesis
 from psbench.bench.report.claims import Verdict
 from psbench.bench.report.stats import paired_diff_ci, paired_ratio_ci, paired_variance_ratio, variance_ratio
 from psbench.core.spec import RunSpec
@@ -132,10 +132,10 @@ def test_holm_within_a_strategy_rejects_what_bonferroni_would_not():
     import pandas as pd
     rows = pd.DataFrame({"sharding": ["stratified"] * 2, "p_bf_paired": [0.02, 0.03], "spread": [3.0, 3.0],
                          "spread_hi": [9.0, 9.0]})
-    (test,) = thesis.strategy_tests(rows)  # Bonferroni at 0.05 / 2 would reject only the first
+    (test,) = sharding.strategy_tests(rows)  # Bonferroni at 0.05 / 2 would reject only the first
     assert test.lower == 2 and test.verdict == Verdict.REPRODUCED
     rows["p_bf_paired"] = [0.03, 0.03]
-    (test,) = thesis.strategy_tests(rows)
+    (test,) = sharding.strategy_tests(rows)
     assert test.lower == 0 and test.verdict == Verdict.INCONCLUSIVE and "2 of 2 upper bounds still reach 2x" in test.reason
 
 
@@ -148,7 +148,7 @@ def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
                            options={"consistency": "asp"})
             fake_run(tmp_path, "sharding", spec, step_s=0.002, final_noise=spread, acc_max=0.11, shards=True)
     res = load_suite(tmp_path / "sharding")
-    assert thesis.untrained(res)  # 10 classes: chance 0.1, the runs end near it
+    assert sharding.untrained(res)  # 10 classes: chance 0.1, the runs end near it
     (found,) = thesis.findings(res)
     assert found.verdict == Verdict.INCONCLUSIVE and "did not learn" in found.ours
     # the same design with runs that learned: judged as before
@@ -163,8 +163,8 @@ def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
 
 def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_path):
     res = load_suite(_sharding_suite(tmp_path, calm=0.005, stragglers=(None, "spread:lo=1,hi=4.5")))
-    ratios = thesis.sharding_ratios(res)
-    from psbench.bench.report.plots import SHARDING_METRICS
+    ratios = sharding.sharding_ratios(res)
+    from psbench.bench.report.sharding import SHARDING_METRICS
 
     assert ratios["conditions"].nunique() == 2 and len(ratios) == 2 * len(SHARDING_METRICS)  # per condition
     assert (ratios["seeds"] == 20).all()  # paired within a condition, never pooled across
@@ -192,7 +192,7 @@ def test_a_loss_ratio_is_shown_not_tested(tmp_path):
                 m["summary"][key] = 0.5 + (m["seed"] % 5 - 2) * 0.002
         run.write_text(json.dumps(m))
     res = load_suite(tmp_path / "sharding")
-    ratios = thesis.sharding_ratios(res).set_index("metric")
+    ratios = sharding.sharding_ratios(res).set_index("metric")
     assert ratios.loc["final training loss", "lo"] > 10 and not ratios.loc["final training loss", "tested"]
     (found,) = thesis.findings(res)
     assert found.verdict != Verdict.REPRODUCED and "loss" not in found.ours.split("; the paper")[0]
@@ -231,7 +231,7 @@ def test_a_few_far_runs_do_not_make_a_variance_reduction(tmp_path, forty_seeds):
     suite = _copy(forty_seeds, tmp_path)
     _set_final_accuracies(suite, {"random": far, "stratified": calm})
     res = load_suite(suite)
-    tested = thesis.sharding_ratios(res)
+    tested = sharding.sharding_ratios(res)
     tested = tested[tested["tested"]]
     assert (tested["ratio"] > 4).all() and (tested["p_paired"] < 1e-5).all()  # the normal theory's answer
     assert (tested["p_bf_paired"] > 0.025).all()

@@ -21,8 +21,10 @@ import pandas as pd
 from psbench.core.atomic import atomic_write_text
 from psbench.core.records import STEP_TIME_COLUMNS
 from psbench.bench.report import cost_model, measures, switching, throughput_gap, variance_power
-from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order, baseline_runs,
-                                        breakdown_groups, draw_all, sharding_runs, throughput_column)
+from psbench.bench.report import sharding as sharding_stats
+from psbench.bench.report.plots import baseline_runs, breakdown_groups, draw_all, throughput_column
+from psbench.bench.report.sharding import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, sharding_runs,
+                                           strategy_order)
 from psbench.bench.report import thesis as thesis_findings
 from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH
 from psbench.bench.report.markdown import fmt_cell as _fmt, frame_strings as _frame_strings, markdown_table
@@ -314,19 +316,19 @@ def sharding_table(res: SuiteResults) -> pd.DataFrame:
     """Per configuration, final metric and sharding strategy: mean over seeds with its interval, the
     variance, and random's variance ÷ the strategy's (the thesis' variability reduction; > 1 means
     less variable than random) with its interval, the spread ratio and the tests the verdict reads
-    (thesis.sharding_ratios), and the design's power at the verdict's level."""
+    (sharding.sharding_ratios), and the design's power at the verdict's level."""
     runs = sharding_runs(res.runs)
     metrics = [(m, t) for m, t in SHARDING_METRICS if m in runs.columns and runs[m].notna().any()]
     if runs.empty or not metrics:
         return pd.DataFrame()
     ratios = {(r.workload, r.label, r.workers, r.batch_size, r.conditions, r.sharding, r.metric): r
-              for r in thesis_findings.sharding_ratios(res).itertuples()}
-    alpha, _ = thesis_findings.sharding_level(res)
-    pool = thesis_findings.sharding_residuals(res)
+              for r in sharding_stats.sharding_ratios(res).itertuples()}
+    alpha, _ = sharding_stats.sharding_level(res)
+    pool = sharding_stats.sharding_residuals(res)
     rows = []
     for key, group in runs.groupby(SHARDING_GROUP, sort=True):
         for metric, title in metrics:
-            for strategy in _strategy_order(group["sharding"].unique()):
+            for strategy in strategy_order(group["sharding"].unique()):
                 values = group.loc[group["sharding"] == strategy, metric].dropna()
                 row: dict[str, Any] = {"workload": key[0], "system": key[1], "workers": key[2],
                                        "batch/worker": key[3], "conditions": key[4], "metric": _metric_short(title),
@@ -371,8 +373,8 @@ def sharding_power_text(res: SuiteResults, sharding: pd.DataFrame) -> str:
     tested = sharding[sharding["in the verdict"] == "yes"] if not sharding.empty else sharding
     if tested.empty:
         return ""
-    alpha, _ = thesis_findings.sharding_level(res)
-    tails = variance_power.tail_power(thesis_findings.sharding_residuals(res), int(tested["seeds"].min()), alpha,
+    alpha, _ = sharding_stats.sharding_level(res)
+    tails = variance_power.tail_power(sharding_stats.sharding_residuals(res), int(tested["seeds"].min()), alpha,
                                       SHARDING.effect)
     return f"Power: {tails.text()}." if tails else f"Power: {variance_power.TOO_FEW_TAILS}."
 

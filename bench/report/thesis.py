@@ -23,7 +23,6 @@ import argparse
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -32,22 +31,17 @@ from psbench.bench.harness import store
 from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, SuiteResults, load_suite,
                                             lost_left_out_line)
 from psbench.bench.report import measures
-from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order,
-                                        sharding_runs)
 from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
                                             switch_verdict_table)
-from psbench.bench.report import stats, throughput_gap, variance_power
+from psbench.bench.report import sharding as sharding_stats, throughput_gap, variance_power
 from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH, THROUGHPUT, Verdict
 from psbench.bench.report.markdown import markdown_table
-from psbench.bench.report.stats import (Interval, VarianceRatio, paired_variance_ratio,
-                                        variance_ratio)
+from psbench.bench.report.stats import Interval
 from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
 PAPER_POINT_TOLERANCE = 0.25  # a measured data per core within 25 % of a paper setup's is measured "at" it
-ALPHA = 0.05
 
-TRAINED_FACTOR = 2.0  # a sharding comparison counts only if its runs learned: accuracy >= 2 x chance
 RULES = {
     "kassela": f"with both sides on real compute (no emulated device), measured at the paper's data per core "
                f"(a setup's rows per core within {PAPER_POINT_TOLERANCE:.0%}: 39k, its 141 x 2-vCPU VMs; 1.1 M, its 5 "
@@ -64,18 +58,7 @@ RULES = {
               f"{0.05:g}, Holm over the variants); not reproduced if every such variant that switched has its "
               f"speed-up interval below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; "
               f"else inconclusive; and inconclusive whenever the pre-specified seed blocks disagree",
-    "sharding": f"per strategy (distribution-aware's k set per data set), one pre-specified family: its ratios of "
-                f"final training and validation accuracy (random ÷ strategy, paired by seed) over every data set and "
-                f"condition, at {ALPHA:g} ÷ the strategies, Holm within the family, by the paired Brown–Forsythe test "
-                f"(a paired t on absolute deviations from the median: it holds its level under the heavy tails final "
-                f"accuracies show); a rejected ratio's direction is its spread ratio's (random's mean absolute "
-                f"deviation ÷ the strategy's, squared), shown with its interval at {ALPHA:g} ÷ all ratios tested. "
-                f"A strategy is reproduced if some ratio is significantly less variable than random and none more; "
-                f"not reproduced if some is significantly more variable and none less (said so), or none is "
-                f"significant and every spread interval lies below {SHARDING.effect:g}x; else inconclusive. Both "
-                f"powers are stated: to detect {SHARDING.effect:g}x and to rule it out, simulated from the random "
-                f"runs' own tails. Comparisons whose runs stayed below {TRAINED_FACTOR:g}x chance accuracy are left "
-                f"out and named",
+    "sharding": sharding_stats.RULE,  # stated where it is computed
 }
 
 
@@ -490,173 +473,17 @@ def _switch_detail(res: SuiteResults, judged, verdict: Verdict) -> str:
 
 # ---- sharding variance ---------------------------------------------------------------------------
 
-def sharding_variance_ratio(base: pd.DataFrame, other: pd.DataFrame, metric: str,
-                            spread_confidence: float | None = None) -> VarianceRatio:
-    """random's (`base`) variance of a final metric ÷ a strategy's (`other`), one value per seed:
-    paired over the seeds both ran when at least 3 did (the design: a seed fixes the initial
-    weights, batch order and split, so only the shards change; intervals over resampled seeds, the
-    paired Brown–Forsythe and Pitman–Morgan tests), otherwise as two independent samples over all
-    their seeds. `spread_confidence`: the level of the spread ratio's interval (the verdict's
-    corrected level)."""
-    a = base.dropna(subset=[metric]).groupby("seed")[metric].first()
-    b = other.dropna(subset=[metric]).groupby("seed")[metric].first()
-    seeds = sorted(set(a.index) & set(b.index))
-    if len(seeds) >= 3:
-        return paired_variance_ratio(a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float),
-                                     spread_confidence=spread_confidence)
-    return variance_ratio(a.to_numpy(dtype=float), b.to_numpy(dtype=float))
-
-
-def _comparisons(res: SuiteResults) -> Iterator[tuple[tuple, pd.DataFrame, str, pd.DataFrame, str, str]]:
-    """(configuration key, random's runs, strategy, its runs, metric, title) of every strategy run
-    alike beside random sharding."""
-    runs = sharding_runs(res.runs)
-    for key, group in runs.groupby(SHARDING_GROUP, sort=True):
-        base = group[group["sharding"] == "random"]
-        if base.empty:
-            continue
-        for strategy in _strategy_order(group["sharding"].unique()):
-            if strategy == "random":
-                continue
-            for metric, title in SHARDING_METRICS:
-                if metric in group.columns:
-                    yield key, base, strategy, group[group["sharding"] == strategy], metric, title
-
-
-def sharding_level(res: SuiteResults) -> tuple[float, int]:
-    """(Bonferroni level, ratios tested): the accuracies' ratios of comparisons whose runs learned."""
-    failed = untrained(res)
-    tested = sum(metric in SHARDING_TESTED and (key[0], key[4]) not in failed
-                 for key, _, _, _, metric, _ in _comparisons(res))
-    return ALPHA / max(1, tested), tested
-
-
-def random_residuals(runs: pd.DataFrame, left_out: Iterable[tuple[str, str]] = ()) -> np.ndarray:
-    """The random-shard runs' tested metrics, standardised per configuration and metric and pooled
-    (variance_power.standardised_residuals): the tails a design's power is simulated from, free of
-    any strategy's effect. `runs`: one row a run with the SHARDING_GROUP columns (a suite's, or the
-    pilot's table in results/pilot/); `left_out`: (workload, conditions) not to count."""
-    skip = set(left_out)
-    samples = [group.loc[group["sharding"] == "random", metric].to_numpy(dtype=float)
-               for key, group in runs.groupby(SHARDING_GROUP, sort=True) if (key[0], key[4]) not in skip
-               for metric in SHARDING_TESTED if metric in group.columns]
-    return variance_power.standardised_residuals(samples)
-
-
-def sharding_residuals(res: SuiteResults) -> np.ndarray:
-    """random_residuals of a suite's comparisons whose runs learned."""
-    return random_residuals(sharding_runs(res.runs), untrained(res))
-
-
-RATIO_COLUMNS = ["workload", "label", "workers", "batch_size", "conditions", "sharding", "metric", "tested", "seeds",
-                 "ratio", "lo", "hi", "spread", "spread_lo", "spread_hi", "p_bf_paired", "p_paired", "p_brown_forsythe",
-                 "p_f"]
-
-
-def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
-    """Per configuration, strategy and final metric: random's variance ÷ the strategy's over the
-    seeds both ran (paired: only the shard assignment changed) with its 95% interval, and the
-    spread ratio with its interval at the verdict's corrected level and the paired tests."""
-    alpha, _ = sharding_level(res)
-    rows = []
-    for key, base, strategy, other, metric, title in _comparisons(res):
-        vr = sharding_variance_ratio(base, other, metric, spread_confidence=1 - alpha)
-        rows.append({"workload": key[0], "label": key[1], "workers": key[2], "batch_size": key[3],
-                     "conditions": key[4], "sharding": strategy,
-                     "metric": title, "tested": metric in SHARDING_TESTED,
-                     "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
-                     "spread": vr.spread_ratio, "spread_lo": vr.spread_lo, "spread_hi": vr.spread_hi,
-                     "p_bf_paired": vr.p_paired_brown_forsythe, "p_paired": vr.p_pitman_morgan,
-                     "p_brown_forsythe": vr.p_brown_forsythe, "p_f": vr.p_f})
-    return pd.DataFrame(rows, columns=RATIO_COLUMNS)
-
-
-def untrained(res: SuiteResults) -> dict[tuple[str, str], tuple[float, float]]:
-    """(workload, conditions) -> (mean final validation accuracy, chance) of the sharding comparisons
-    whose runs did not learn: below TRAINED_FACTOR x chance, chance = 1 / the classes in their shard
-    reports (a comparison with no shard report is not judged)."""
-    runs = sharding_runs(res.runs)
-    out: dict[tuple[str, str], tuple[float, float]] = {}
-    for (workload, conditions), group in runs.groupby(["workload", "conditions"]):
-        counts = res.shard_counts[res.shard_counts["run_id"].isin(group["run_id"])] if len(res.shard_counts) else None
-        classes = counts["class"].nunique() if counts is not None else 0
-        accuracy = float(pd.to_numeric(group["final_val_accuracy"], errors="coerce").mean())
-        if classes and not accuracy >= TRAINED_FACTOR / classes:
-            out[(workload, conditions)] = (accuracy, 1.0 / classes)
-    return out
-
-
-def strategy_family(sharding: str) -> str:
-    """distribution-aware:60 and :100 are one strategy whose k is set per data set, as in the paper."""
-    return sharding.split(":", 1)[0]
-
-
-@dataclass(frozen=True)
-class StrategyTest:
-    """One strategy's pre-specified family: its tested ratios over every data set and condition, Holm at
-    the family's level, the counts each way and its verdict by the sharding rule."""
-    family: str
-    ratios: pd.DataFrame    # sharding_ratios' rows of this strategy, with 'holm' (rejected) added
-    alpha: float            # the family's level: ALPHA ÷ the strategies tested
-    lower: int              # significantly less variable than random (the paper's direction)
-    higher: int             # significantly more variable
-    points_lower: int       # point estimates in the paper's direction (spread ratio > 1), significant or not
-    points_higher: int
-    verdict: Verdict
-    reason: str
-
-
-def strategy_tests(ratios: pd.DataFrame) -> list[StrategyTest]:
-    """`ratios`: the tested ratios of comparisons whose runs learned (sharding_ratios' rows)."""
-    families = _strategy_order({strategy_family(s) for s in ratios["sharding"]})
-    alpha = ALPHA / max(1, len(families))
-    out = []
-    for family in families:
-        rows = ratios[[strategy_family(s) == family for s in ratios["sharding"]]].copy()
-        p = rows["p_bf_paired"].fillna(1.0).to_list()
-        rows["holm"] = stats.holm(p, alpha)
-        lower = int((rows["holm"] & (rows["spread"] > 1)).sum())
-        higher = int((rows["holm"] & (rows["spread"] < 1)).sum())
-        if lower and higher:
-            verdict, reason = Verdict.INCONCLUSIVE, "ratios significant both ways: the effect depends on the data"
-        elif lower:
-            verdict, reason = Verdict.REPRODUCED, f"{lower} ratio(s) significantly less variable than random, none more"
-        elif higher:
-            verdict, reason = Verdict.NOT_REPRODUCED, f"more variable than random: {higher} ratio(s) significant, none lower"
-        elif (rows["spread_hi"] < SHARDING.effect).all():
-            verdict, reason = Verdict.NOT_REPRODUCED, f"no ratio significant and every upper bound below {SHARDING.effect:g}x"
-        else:
-            reaching = int((rows["spread_hi"] >= SHARDING.effect).sum())
-            verdict, reason = Verdict.INCONCLUSIVE, (f"no ratio significant; {reaching} of {len(rows)} upper bounds still "
-                                             f"reach {SHARDING.effect:g}x")
-        out.append(StrategyTest(family, rows, alpha, lower, higher, int((rows["spread"] > 1).sum()),
-                                int((rows["spread"] < 1).sum()), verdict, reason))
-    return out
-
-
 def _sharding_where(r: pd.Series) -> str:
     return f"{r['workload']}, {r['conditions']}"
 
 
-def _sharding_table(test: StrategyTest) -> str:
-    lines = ["| data | conditions | k | final metric | var ratio [95% CI] | spread ratio [corrected CI] | "
-             "paired B–F p | Holm |", "|---|---|---|---|---|---|---|---|"]
-    for _, r in test.ratios.iterrows():
-        k = r["sharding"].split(":", 1)[1] if ":" in r["sharding"] else "–"
-        lines.append(f"| {r['workload']} | {r['conditions']} | {k} | {r['metric']} | "
-                     f"{r['ratio']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | "
-                     f"{r['spread']:.2f} [{r['spread_lo']:.2f}, {r['spread_hi']:.2f}] | {r['p_bf_paired']:.3g} | "
-                     f"{'rejects' if r['holm'] else '–'} |")
-    return "\n".join(lines)
-
-
 def sharding(res: SuiteResults) -> list[Finding] | None:
     """One finding per strategy (the paper's claims are per strategy), each its own pre-specified family."""
-    ratios = sharding_ratios(res).dropna(subset=["ratio"])
+    ratios = sharding_stats.sharding_ratios(res).dropna(subset=["ratio"])
     ratios = ratios[ratios["tested"].astype(bool)]
     if ratios.empty:
         return None
-    failed = untrained(res)
+    failed = sharding_stats.untrained(res)
     idle = [f"{w} ({c}): mean final validation accuracy {acc:.3f}, chance {chance:.3f}: the runs did not learn, "
             f"left out" for (w, c), (acc, chance) in failed.items()]
     ratios = ratios[[(w, c) not in failed for w, c in zip(ratios["workload"], ratios["conditions"])]]
@@ -664,12 +491,12 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
         return [Finding(SHARDING_ANY, SHARDING.paper, "; ".join(idle),
                         Verdict.INCONCLUSIVE, RULES["sharding"], res.suite, headline="every comparison's runs did not learn",
                         decides="; ".join(idle)[:SUMMARY_CELL])]
-    pool = sharding_residuals(res)
+    pool = sharding_stats.sharding_residuals(res)
     seeds = int(ratios["seeds"].min())
-    level = 1 - sharding_level(res)[0]  # the spread intervals' corrected level
+    level = 1 - sharding_stats.sharding_level(res)[0]  # the spread intervals' corrected level
     conditions = conditions_text(res)
     out = []
-    for test in strategy_tests(ratios):
+    for test in sharding_stats.strategy_tests(ratios):
         m = len(test.ratios)
         per_ratio = test.alpha / m
         best = test.ratios.loc[test.ratios["spread"].idxmax()]
@@ -692,7 +519,7 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
         detail = "\n".join([
             f"{counts}. Largest: {best['metric']} ({_sharding_where(best)}); smallest: {worst['metric']} "
             f"({_sharding_where(worst)}). Ratios are random ÷ {test.family}: above 1 is the paper's direction.", "",
-            _sharding_table(test), "",
+            sharding_stats.strategy_table(test), "",
             "Power " + "; power ".join(power) + ".", "",
             "The paper's design: " + variance_power.paper_design_text() + "."
             + ("" if not detect else " With tails like ours, the largest of its 12 null ratios reaches "
