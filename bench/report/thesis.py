@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from psbench.bench.harness import store
@@ -33,24 +32,16 @@ from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, Suit
 from psbench.bench.report import measures
 from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
                                             switch_verdict_table)
-from psbench.bench.report import sharding as sharding_stats, throughput_gap, variance_power
+from psbench.bench.report import kassela as kassela_stats, sharding as sharding_stats, throughput_gap, variance_power
 from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH, THROUGHPUT, Verdict
 from psbench.bench.report.markdown import markdown_table
 from psbench.bench.report.stats import Interval
 from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
-PAPER_POINT_TOLERANCE = 0.25  # a measured data per core within 25 % of a paper setup's is measured "at" it
 
 RULES = {
-    "kassela": f"with both sides on real compute (no emulated device), measured at the paper's data per core "
-               f"(a setup's rows per core within {PAPER_POINT_TOLERANCE:.0%}: 39k, its 141 x 2-vCPU VMs; 1.1 M, its 5 "
-               f"nodes): reproduced if at one of them the PS's fall 100 % → 1 % (paired by seed) has its 95% "
-               f"interval at or above {KASSELA.ps_fall_min:g}x and every Spark MLlib native variant's at or below "
-               f"{KASSELA.spark_fall_max:g}x; not reproduced if at each of them the PS's interval lies below {KASSELA.ps_fall_min:g}x "
-               f"or every Spark variant's above {KASSELA.spark_fall_max:g}x; else inconclusive. The fall to 0.01 % and the "
-               f"cost model's projections are shown, never the verdict; an emulated device is inconclusive by "
-               f"construction; runs that oversubscribed the cores are shown, never counted. The {measures.FALL_RULE}",
+    "kassela": kassela_stats.RULE,  # stated where it is computed
     "throughput": throughput_gap.TWIN_RULE,  # stated where it is computed
     "switch": f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
               f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its final "
@@ -117,80 +108,6 @@ def conditions_text(res: SuiteResults) -> str:
 
 # ---- Kassela 2019: per-mini-batch time against the mini-batch ------------------------------------
 
-SPARK_NATIVE = "spark-mllib-native"  # MLlib's own trainer, as the paper ran it (every variant run)
-
-
-def _native_labels(res: SuiteResults) -> set[str]:
-    return set(res.runs.loc[res.runs["system"] == SPARK_NATIVE, "label"])
-
-
-def _emulated(res: SuiteResults) -> bool:
-    """Whether any run of the suite had an emulated device: then the two sides are not measured alike."""
-    return any((m.get("spec") or {}).get("emulate_device") for m in res.manifests.values())
-
-
-@dataclass(frozen=True)
-class KasselaFall:
-    """One system (variant) at one data per core: its fall 100 % → the paper's smallest fraction
-    (tested) and → the suite's smallest (shown), each paired by seed (measures.FALL_RULE)."""
-    label: str
-    system: str
-    workload: str
-    workers: int
-    rows_per_core: float
-    setup: str | None        # the paper setup this data per core matches, or None
-    fractions: tuple[float, float, float]  # largest, the tested smallest (~1 %: nan if none), the suite's smallest
-    tested: Interval | None  # fall to ~1 % (None: no batch near 1 %)
-    shown: Interval          # fall to the suite's smallest fraction
-    ms: tuple[float, float]  # mean ms per mini-batch at the largest and the tested smallest (else the smallest)
-    oversubscribed: bool = False  # any of its runs oversubscribed the cores: shown, never in the verdict
-
-
-def _paper_setup(rows_per_core: float) -> str | None:
-    from psbench.bench.report import cost_model
-
-    for name, rows, cores in cost_model.PAPER_SETUPS:
-        if abs(rows_per_core / (rows / cores) - 1) <= PAPER_POINT_TOLERANCE:
-            return name
-    return None
-
-
-def kassela_falls(res: SuiteResults) -> list[KasselaFall]:
-    """Every system's fall 100 % → ~1 % (the batch whose fraction is nearest the paper's 1 %, within
-    a factor 1.5) and → the suite's smallest fraction, per workload and worker count, with the data
-    per core (training rows ÷ workers: one worker a core)."""
-    from psbench.bench.report import cost_model
-
-    if res.runs.empty or res.steps.empty:
-        return []
-    fractions = measures.batch_fractions(res)
-    means = measures.run_step_means(res)
-    runs = res.runs[res.runs["run_id"].isin(means.dropna().index)]
-    out = []
-    for (label, workload, workers), group in runs.groupby(["label", "workload", "workers"], sort=True):
-        frac = fractions.reindex(group["run_id"]).to_numpy()
-        by_batch = pd.Series(frac, index=group["batch_size"].to_numpy()).groupby(level=0).median()
-        if len(by_batch) < 2 or not np.isfinite(by_batch.to_numpy()).all():
-            continue
-        largest = int(by_batch.index.max())
-        nearest = (np.log(by_batch / cost_model.PAPER_SMALLEST_FRACTION)).abs().drop(largest)
-        near = not nearest.empty and nearest.min() <= math.log(1.5)
-        small = int(nearest.idxmin()) if near else int(by_batch.index.min())
-        rows_per_core = float(largest / by_batch[largest])  # batch per worker ÷ its fraction of all rows
-        tested = measures.fall_ratio(group[group["batch_size"].isin([largest, small])], means) if near else None
-        shown = measures.fall_ratio(group, means)
-        ms = tuple(float(means.reindex(group.loc[group["batch_size"] == b, "run_id"]).mean()) * 1e3
-                   for b in (largest, small))
-        out.append(KasselaFall(label, str(group["system"].iloc[0]), workload, int(workers), rows_per_core,
-                               _paper_setup(rows_per_core),
-                               (float(by_batch[largest]), float(by_batch[small]) if near else math.nan,
-                                float(by_batch.min())),
-                               Interval(tested.n, tested.estimate, tested.lo, tested.hi) if tested else None,
-                               Interval(shown.n, shown.estimate, shown.lo, shown.hi), ms,
-                               bool(group["oversubscribed"].eq(True).any()) if "oversubscribed" in group else False))
-    return out
-
-
 def _per_core(rows: float) -> str:
     return f"{rows / 1e6:.2g} M" if rows >= 1e6 else f"{rows / 1e3:.3g}k"
 
@@ -210,55 +127,39 @@ def kassela(res: SuiteResults) -> Finding | None:
 
     if res.suite in cost_model.CHECK_SUITES.values():
         return None  # a check suite's falls are shown in the suite it checks, not a second verdict
-    every = kassela_falls(res)
+    every = kassela_stats.kassela_falls(res)
     shown = [f for f in every if f.tested is not None]
-    natives = _native_labels(res)
+    natives = kassela_stats.native_labels(res)
     if not any(f.system == "ps" for f in shown) or not any(f.label in natives for f in shown):
         return None
     falls = [f for f in shown if not f.oversubscribed]  # a verdict holds without oversubscribed runs
     name = KASSELA.finding
-    if _emulated(res):
+    if kassela_stats.emulated(res):
         text = ("an emulated device paces one side and not the other: the fall is the device profile's, not the "
                 "systems' (bench/experiments/kassela.toml measures both on real compute)")
         return Finding(name, KASSELA.paper, text, Verdict.INCONCLUSIVE, RULES["kassela"], res.suite,
                        headline=_cell(text), decides="an emulated device on one side only")
-    # the tested points: a paper setup's data per core, with the PS and Spark's native trainer measured there
-    points: dict[str, tuple[KasselaFall, list[KasselaFall]]] = {}
-    for key in sorted({(f.workload, f.workers) for f in falls}):
-        here = [f for f in falls if (f.workload, f.workers) == key]
-        ps = next((f for f in here if f.label == "ps"), None)
-        spark = [f for f in here if f.label in natives]
-        if ps is not None and spark and ps.setup is not None:
-            points[ps.setup] = (ps, spark)
-    heads, holds, fails, why = [], [], [], []
-    for setup, (ps, spark) in points.items():
+    tests = kassela_stats.setup_tests(falls, natives)
+    heads, why = [], []
+    for t in tests.values():
+        ps, spark = t.ps, t.spark
         top = max(spark, key=lambda f: f.tested.hi if not math.isnan(f.tested.hi) else f.tested.estimate)
         heads.append(f"{_per_core(ps.rows_per_core)} rows/core: PS {_iv(ps.tested)}, Spark native up to {_iv(top.tested)}")
-        ps_holds, ps_fails = ps.tested.lo >= KASSELA.ps_fall_min, ps.tested.hi < KASSELA.ps_fall_min
-        spark_holds = all(f.tested.hi <= KASSELA.spark_fall_max for f in spark)
-        spark_fails = all(f.tested.lo > KASSELA.spark_fall_max for f in spark)
-        holds.append(ps_holds and spark_holds)
-        fails.append(ps_fails or spark_fails)
         at = _per_core(ps.rows_per_core)
-        why.append(f"{at}: PS lower bound {ps.tested.lo:.3g} {'≥' if ps_holds else '<'} {KASSELA.ps_fall_min:g}x, Spark upper "
-                   f"{max(f.tested.hi for f in spark):.3g} {'≤' if spark_holds else '>'} {KASSELA.spark_fall_max:g}x"
-                   if holds[-1] or not fails[-1] else
+        why.append(f"{at}: PS lower bound {ps.tested.lo:.3g} {'≥' if t.ps_holds else '<'} {KASSELA.ps_fall_min:g}x, "
+                   f"Spark upper {max(f.tested.hi for f in spark):.3g} {'≤' if t.spark_holds else '>'} "
+                   f"{KASSELA.spark_fall_max:g}x"
+                   if t.holds or not t.fails else
                    f"{at}: " + " and ".join(
-                       ([f"PS upper bound {ps.tested.hi:.3g} < {KASSELA.ps_fall_min:g}x"] if ps_fails else [])
-                       + ([f"every Spark lower bound > {KASSELA.spark_fall_max:g}x (least {min(f.tested.lo for f in spark):.3g})"]
-                          if spark_fails else [])))
-    all_setups = {name for name, _, _ in cost_model.PAPER_SETUPS}
-    if any(holds):
-        verdict = Verdict.REPRODUCED
-    elif points and set(points) == all_setups and all(fails):
-        verdict = Verdict.NOT_REPRODUCED
-    else:
-        verdict = Verdict.INCONCLUSIVE
-    n = sorted({f.tested.n for ps, spark in points.values() for f in [ps, *spark]})
+                       ([f"PS upper bound {ps.tested.hi:.3g} < {KASSELA.ps_fall_min:g}x"] if t.ps_fails else [])
+                       + ([f"every Spark lower bound > {KASSELA.spark_fall_max:g}x (least "
+                           f"{min(f.tested.lo for f in spark):.3g})"] if t.spark_fails else [])))
+    verdict = kassela_stats.verdict(tests)
+    n = sorted({f.tested.n for t in tests.values() for f in [t.ps, *t.spark]})
     n_text = f"n={n[0]}" if len(n) == 1 else f"n={n[0]}–{n[-1]}" if n else "n=0"
-    if points:
+    if tests:
         headline = _cell("; ".join(heads) + f" (100 → 1 %, {n_text})")
-        missing = sorted(all_setups - set(points))
+        missing = sorted(kassela_stats.paper_setups() - set(tests))
         decides = _cell("; ".join(why) + ("" if verdict != Verdict.INCONCLUSIVE or not missing else
                                           f"; not measured at {len(missing)} of the paper's setups"))
     elif any(f.setup is not None for f in shown if f.oversubscribed):
@@ -271,13 +172,13 @@ def kassela(res: SuiteResults) -> Finding | None:
         headline = _cell("not measured at the paper's data per core (39k or 1.1 M rows a core); measured at "
                          + ", ".join(sorted({_per_core(f.rows_per_core) for f in shown})) + " rows a core")
         decides = _cell("no measurement at a paper setup's data per core (within "
-                        f"{PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a verdict")
+                        f"{kassela_stats.PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a verdict")
     detail = _kassela_detail(res, every, natives)
     return Finding(name, KASSELA.paper, headline, verdict, RULES["kassela"], res.suite,
                    headline=headline, decides=decides, detail=detail)
 
 
-def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[str]) -> str:
+def _kassela_detail(res: SuiteResults, falls: list[kassela_stats.KasselaFall], natives: set[str]) -> str:
     """The section: the falls per data per core and system, the cost model's projections (shown),
     the check suite's falls (shown), the rule, the conditions."""
     from psbench.bench.report import cost_model
@@ -293,7 +194,7 @@ def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[st
                      f"{f.ms[0]:.3g} / {f.ms[1]:.3g} | {f.fractions[2]:.4%}: {_iv(f.shown)} |")
     check = cost_model.check_suite(res)
     if check is not None:
-        shown = kassela_falls(check)
+        shown = kassela_stats.kassela_falls(check)
         if shown:
             lines += ["", f"Shown, not a verdict ({check.suite}, the model's check at another data size): "
                       + "; ".join(f"{f.label} at {_per_core(f.rows_per_core)} rows a core, {f.fractions[0]:.0%} → "
