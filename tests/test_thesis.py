@@ -392,8 +392,8 @@ def test_switch_verdict_is_inconclusive_when_the_seed_blocks_disagree(tmp_path):
 
     res = load_suite(_own_sync_suite(tmp_path, fast_seeds=[0, 1, 2, 3], slow_seeds=[10, 11, 12, 13], ddp_phase=False))
     judged = switching.switch_verdict(res)
-    assert judged.block_outcomes == {"seeds 0–9": switching.HOLDS, "seeds 10–19": switching.FAILS}
-    assert judged.outcome == switching.BLOCKS_DISAGREE
+    assert judged.block_outcomes == {"seeds 0–9": switching.Outcome.HOLDS, "seeds 10–19": switching.Outcome.FAILS}
+    assert judged.outcome == switching.Outcome.BLOCKS_DISAGREE
     (finding,) = thesis.findings(res)
     assert finding.verdict == Verdict.INCONCLUSIVE and "blocks disagree" in finding.decides
     assert len(finding.headline) <= thesis.SUMMARY_CELL and len(finding.decides) <= thesis.SUMMARY_CELL
@@ -401,7 +401,7 @@ def test_switch_verdict_is_inconclusive_when_the_seed_blocks_disagree(tmp_path):
     agree = load_suite(_own_sync_suite(tmp_path / "agree", fast_seeds=[0, 1, 2, 10, 11, 12], slow_seeds=[],
                                        ddp_phase=False))
     judged = switching.switch_verdict(agree)
-    assert set(judged.block_outcomes.values()) == {switching.HOLDS} and judged.outcome == switching.HOLDS
+    assert set(judged.block_outcomes.values()) == {switching.Outcome.HOLDS} and judged.outcome == switching.Outcome.HOLDS
     assert thesis.findings(agree)[0].verdict == Verdict.REPRODUCED
 
 

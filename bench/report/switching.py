@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
@@ -157,10 +158,15 @@ def switch_comparisons(res: SuiteResults, block: int | None = None) -> list[Swit
     return out
 
 
-HOLDS, FAILS, OPEN, BLOCKS_DISAGREE = "holds", "fails", "open", "blocks disagree"
+class Outcome(StrEnum):
+    """The switch rule on one set of seeds (or the seed blocks disagreeing), printed as its value."""
+    HOLDS = "holds"
+    FAILS = "fails"
+    OPEN = "open"
+    BLOCKS_DISAGREE = "blocks disagree"
 
 
-def switch_outcome(found: list[SwitchComparison]) -> str:
+def switch_outcome(found: list[SwitchComparison]) -> Outcome:
     """The rule on one set of seeds: HOLDS if a tested variant is shown > SWITCH_SPEEDUP sooner and
     within SWITCH_ACC_PP (both after Holm), FAILS if every tested variant's speed-up interval lies
     below SWITCH_SPEEDUP or its accuracy interval below -SWITCH_ACC_PP, else OPEN."""
@@ -170,18 +176,18 @@ def switch_outcome(found: list[SwitchComparison]) -> str:
     holds = [row[speed] == "yes" and row[accuracy] == "yes"
              for c, (_, row) in zip(found, table.iterrows()) if c.in_verdict]
     if any(holds):
-        return HOLDS
+        return Outcome.HOLDS
     if tested and all(c.speedup.hi < SWITCH_SPEEDUP or c.accuracy_pp.hi < -SWITCH_ACC_PP for c in tested):
-        return FAILS
-    return OPEN
+        return Outcome.FAILS
+    return Outcome.OPEN
 
 
 @dataclass(frozen=True)
 class SwitchVerdict:
-    outcome: str                          # HOLDS / FAILS / OPEN on all seeds, or BLOCKS_DISAGREE
+    outcome: Outcome                      # HOLDS / FAILS / OPEN on all seeds, or BLOCKS_DISAGREE
     combined: list[SwitchComparison]      # on all verdict seeds
     blocks: dict[str, list[SwitchComparison]]  # per pre-specified block of seeds
-    block_outcomes: dict[str, str]
+    block_outcomes: dict[str, Outcome]
 
 
 def switch_verdict(res: SuiteResults) -> SwitchVerdict | None:
@@ -197,7 +203,7 @@ def switch_verdict(res: SuiteResults) -> SwitchVerdict | None:
         if any(c.in_verdict for c in found):
             blocks[found[0].block] = found
     block_outcomes = {name: switch_outcome(found) for name, found in blocks.items()}
-    outcome = BLOCKS_DISAGREE if len(set(block_outcomes.values())) > 1 else switch_outcome(combined)
+    outcome = Outcome.BLOCKS_DISAGREE if len(set(block_outcomes.values())) > 1 else switch_outcome(combined)
     return SwitchVerdict(outcome, combined, blocks, block_outcomes)
 
 

@@ -313,20 +313,20 @@ def switch(res: SuiteResults) -> Finding | None:
                      + (f"; never switched {c.never_switched}" if c.never_switched not in ("–", "0/0") else "")
                      + ("" if c.in_verdict or c.never_switched == "–" else
                         " (never acted: not in the verdict)" if not c.switched else f" ({sw.variant_role(c)})"))
-    verdict = {sw.HOLDS: Verdict.REPRODUCED, sw.FAILS: Verdict.NOT_REPRODUCED}.get(judged.outcome, Verdict.INCONCLUSIVE)
+    verdict = {sw.Outcome.HOLDS: Verdict.REPRODUCED, sw.Outcome.FAILS: Verdict.NOT_REPRODUCED}.get(judged.outcome, Verdict.INCONCLUSIVE)
     blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items()) or "none judged"
     tested = [c for c in found if c.in_verdict]
     lead = max(tested or [c for c in found if not c.map_cell] or found, key=lambda c: c.speedup.estimate)
     headline = (f"{lead.variant} vs {lead.baseline}: {_fmt_ci(lead.speedup.interval)} sooner to "
                 f"{lead.target:.3f}, final acc {_fmt_ci(lead.accuracy_pp.interval, ' pp', 1)}")
-    if judged.outcome == sw.BLOCKS_DISAGREE:
+    if judged.outcome == sw.Outcome.BLOCKS_DISAGREE:
         decides = (f"the seed blocks disagree ({blocks}): needs more seeds, another block of {sw.BLOCK_SEEDS}")
-    elif judged.outcome == sw.HOLDS:
+    elif judged.outcome == sw.Outcome.HOLDS:
         decides = (f"a switch with {lead.baseline}'s sync phase shown > {SWITCH_SPEEDUP:g}x sooner and within "
                    f"{SWITCH_ACC_PP:g} pp after Holm; blocks: {blocks}")
     else:
         decides = (f"speed-up interval vs {SWITCH_SPEEDUP:g}x and accuracy interval vs -{SWITCH_ACC_PP:g} pp "
-                   f"({'both ruled out' if judged.outcome == sw.FAILS else 'not both shown'}); blocks: {blocks}")
+                   f"({'both ruled out' if judged.outcome == sw.Outcome.FAILS else 'not both shown'}); blocks: {blocks}")
     return Finding(SWITCH.finding, SWITCH.paper, "; ".join(parts + map_parts),
                    verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite,
                    headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged, verdict))
@@ -363,7 +363,7 @@ def _switch_detail(res: SuiteResults, judged, verdict: Verdict) -> str:
     target = point[0] if point else judged.combined[0]
     lines += ["", f"Outcome per block: {outcomes}; on all seeds: {sw.switch_outcome(judged.combined)}; "
                   f"verdict: {verdict}" + (" (the blocks disagree: needs more seeds)" if
-                                           judged.outcome == sw.BLOCKS_DISAGREE else "") + ".",
+                                           judged.outcome == sw.Outcome.BLOCKS_DISAGREE else "") + ".",
               f"Target {target.target:.3f} ({target.target_source}).",
               f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; "
               f"{', '.join(map(str, workers))} workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
