@@ -214,3 +214,24 @@ def strategy_table(test: StrategyTest) -> str:
                      f"{r['spread']:.2f} [{r['spread_lo']:.2f}, {r['spread_hi']:.2f}] | {r['p_bf_paired']:.3g} | "
                      f"{'rejects' if r['holm'] else '–'} |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class StrategyPower:
+    """What a strategy's design can tell about the paper's smallest effect (claims.SHARDING.effect), by
+    the verdict's test simulated from the random runs' own tails; None where too few tails were seen."""
+    detect: variance_power.TailPower | None         # to detect it, at one ratio's level within the family
+    rule_out: variance_power.RuleOutPower | None    # to rule it out, at the spread intervals' corrected level
+
+
+def strategy_power(pool: np.ndarray, seeds: int, test: StrategyTest, level: float) -> StrategyPower:
+    """`pool`: sharding_residuals; `level`: the spread intervals' confidence (1 - sharding_level)."""
+    m = len(test.ratios)
+    return StrategyPower(variance_power.tail_power(pool, seeds, test.alpha / m, SHARDING.effect),
+                         variance_power.rule_out_power(pool, seeds, level, SHARDING.effect, m))
+
+
+def design_power(res: SuiteResults, seeds: int) -> variance_power.TailPower | None:
+    """The power to detect SHARDING.effect with `seeds` a strategy at the verdict's Bonferroni level."""
+    alpha, _ = sharding_level(res)
+    return variance_power.tail_power(sharding_residuals(res), seeds, alpha, SHARDING.effect)

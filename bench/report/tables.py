@@ -411,9 +411,7 @@ def sharding_power_text(res: SuiteResults, sharding: pd.DataFrame) -> str:
     tested = sharding[sharding["in the verdict"] == "yes"] if not sharding.empty else sharding
     if tested.empty:
         return ""
-    alpha, _ = sharding_stats.sharding_level(res)
-    tails = variance_power.tail_power(sharding_stats.sharding_residuals(res), int(tested["seeds"].min()), alpha,
-                                      SHARDING.effect)
+    tails = sharding_stats.design_power(res, int(tested["seeds"].min()))
     return f"Power: {tails.text()}." if tails else f"Power: {variance_power.TOO_FEW_TAILS}."
 
 

@@ -404,8 +404,8 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
         worst = test.ratios.loc[test.ratios["spread"].idxmin()]
         counts = (f"{test.points_lower} of {m} ratios point the paper's way, {test.points_higher} the other; "
                   f"significant (Holm at {test.alpha:.3g}): {test.lower} lower, {test.higher} higher")
-        detect = variance_power.tail_power(pool, seeds, per_ratio, SHARDING.effect)
-        rule_out = variance_power.rule_out_power(pool, seeds, level, SHARDING.effect, m)
+        powers = sharding_stats.strategy_power(pool, seeds, test, level)
+        detect, rule_out = powers.detect, powers.rule_out
         power = [f"to detect {SHARDING.effect:g}x: "
                  + (detect.text() if detect else f"{seeds} seeds a strategy; {variance_power.TOO_FEW_TAILS} "
                                                  f"({len(pool)}; {variance_power.MIN_POOL} needed)")
