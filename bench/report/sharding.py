@@ -36,7 +36,8 @@ RULE = (f"per strategy (distribution-aware's k set per data set), one pre-specif
 SHARDING_METRICS = [("final_train_loss", "final training loss"), ("final_val_loss", "final validation loss"),
                     ("final_train_accuracy", "final training accuracy"),
                     ("final_val_accuracy", "final validation accuracy")]
-# The metrics a sharding verdict tests (the paper's figures are on accuracy, claims.SHARDING); the losses are shown beside them, not tested, so the correction and the
+# The metrics a sharding verdict tests (the paper's figures are on accuracy, claims.SHARDING); the
+# losses are shown beside them, not tested, so the correction and the
 # seeds a design needs count only these (bench/experiments/extra/sharding_powered.toml: 16 ratios).
 SHARDING_TESTED = ("final_train_accuracy", "final_val_accuracy")
 

@@ -25,6 +25,12 @@ TARGET_SHARE = 0.99          # the target: this share of the fastest sync system
 TARGET_K = TARGET_WINDOW      # smoothed: the mean of k consecutive evaluations (as a run's own summary)
 FINAL_K = 5                  # a run's final accuracy: the mean of its last FINAL_K validation evaluations
 BLOCK_SEEDS = 10             # the verdict's seeds fall in pre-specified blocks: seed // BLOCK_SEEDS (0-9, 10-19)
+SWITCH_RULE = (f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
+               f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its "
+               f"final validation accuracy shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at "
+               f"alpha {ALPHA:g}, Holm over the variants); not reproduced if every such variant that switched has its "
+               f"speed-up interval below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; "
+               f"else inconclusive; and inconclusive whenever the pre-specified seed blocks disagree")
 SWITCH_RULE_EXTRA = (f"The fastest sync system (ddp or ps bsp: the same averaged update, so the one with more "
                      f"samples/s on the calibration seeds, >= {CALIBRATION_SEED_MIN}) sets the target: "
                      f"{TARGET_SHARE:g} x its mean final accuracy on those seeds (floored to 0.005); a run's final "

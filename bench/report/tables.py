@@ -19,7 +19,8 @@ from psbench.bench.report import sharding as sharding_stats
 from psbench.bench.report.claims import KASSELA, SHARDING
 from psbench.bench.report.markdown import fmt_cell as _fmt, missing as _missing
 from psbench.bench.report.plots import baseline_runs, breakdown_groups, throughput_column
-from psbench.bench.report.sharding import SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, sharding_runs, strategy_order
+from psbench.bench.report.sharding import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, sharding_runs,
+                                           strategy_order)
 from psbench.bench.report.stats import Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
 
 

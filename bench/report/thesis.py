@@ -30,8 +30,8 @@ from psbench.bench.harness import store
 from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, SuiteResults, load_suite,
                                             lost_left_out_line)
 from psbench.bench.report import measures
-from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
-                                            switch_verdict_table)
+from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP,
+                                            switch_comparisons, switch_verdict_table)
 from psbench.bench.report import kassela as kassela_stats, sharding as sharding_stats, throughput_gap, variance_power
 from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH, THROUGHPUT, Verdict
 from psbench.bench.report.markdown import markdown_table
@@ -40,16 +40,11 @@ from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
 
-RULES = {
-    "kassela": kassela_stats.RULE,  # stated where it is computed
-    "throughput": throughput_gap.TWIN_RULE,  # stated where it is computed
-    "switch": f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
-              f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its final "
-              f"validation accuracy shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at alpha "
-              f"{0.05:g}, Holm over the variants); not reproduced if every such variant that switched has its "
-              f"speed-up interval below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; "
-              f"else inconclusive; and inconclusive whenever the pre-specified seed blocks disagree",
-    "sharding": sharding_stats.RULE,  # stated where it is computed
+RULES = {  # each stated where it is computed
+    "kassela": kassela_stats.RULE,
+    "throughput": throughput_gap.TWIN_RULE,
+    "switch": SWITCH_RULE,
+    "sharding": sharding_stats.RULE,
 }
 
 
@@ -172,7 +167,8 @@ def kassela(res: SuiteResults) -> Finding | None:
         headline = _cell("not measured at the paper's data per core (39k or 1.1 M rows a core); measured at "
                          + ", ".join(sorted({_per_core(f.rows_per_core) for f in shown})) + " rows a core")
         decides = _cell("no measurement at a paper setup's data per core (within "
-                        f"{kassela_stats.PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a verdict")
+                        f"{kassela_stats.PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a "
+                        "verdict")
     detail = _kassela_detail(res, every, natives)
     return Finding(name, KASSELA.paper, headline, verdict, RULES["kassela"], res.suite,
                    headline=headline, decides=decides, detail=detail)
@@ -313,7 +309,8 @@ def switch(res: SuiteResults) -> Finding | None:
                      + (f"; never switched {c.never_switched}" if c.never_switched not in ("–", "0/0") else "")
                      + ("" if c.in_verdict or c.never_switched == "–" else
                         " (never acted: not in the verdict)" if not c.switched else f" ({sw.variant_role(c)})"))
-    verdict = {sw.Outcome.HOLDS: Verdict.REPRODUCED, sw.Outcome.FAILS: Verdict.NOT_REPRODUCED}.get(judged.outcome, Verdict.INCONCLUSIVE)
+    verdict = {sw.Outcome.HOLDS: Verdict.REPRODUCED,
+               sw.Outcome.FAILS: Verdict.NOT_REPRODUCED}.get(judged.outcome, Verdict.INCONCLUSIVE)
     blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items()) or "none judged"
     tested = [c for c in found if c.in_verdict]
     lead = max(tested or [c for c in found if not c.map_cell] or found, key=lambda c: c.speedup.estimate)
@@ -330,10 +327,6 @@ def switch(res: SuiteResults) -> Finding | None:
     return Finding(SWITCH.finding, SWITCH.paper, "; ".join(parts + map_parts),
                    verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite,
                    headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged, verdict))
-
-
-def _cell(text: str) -> str:
-    return text if len(text) <= SUMMARY_CELL else text[:SUMMARY_CELL - 1] + "…"
 
 
 def _switch_detail(res: SuiteResults, judged, verdict: Verdict) -> str:
