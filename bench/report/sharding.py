@@ -1,8 +1,8 @@
 """The sharding finding (Provatas et al., IEEE BigData 2021): which runs form a comparison, random's
 variance of a final metric ÷ a strategy's, paired by seed, and the verdict per strategy by the paired
-Brown–Forsythe test with Holm within its pre-specified family; the random runs' tails a design's
-power is simulated from (variance_power.py). thesis.py words the finding, document.py and plots.py
-show the tables and the plot."""
+Brown–Forsythe test with Holm within its pre-specified family; the design's powers, simulated from
+the random runs' own tails (variance_power.py). thesis.py words the finding, tables.py and plots.py
+show its table and plot."""
 from __future__ import annotations
 
 from dataclasses import dataclass

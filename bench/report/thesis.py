@@ -1,18 +1,17 @@
 """The thesis' findings set beside ours: each computed from a suite's records, with n, an
-interval and a verdict by a stated rule (reproduced / not reproduced / inconclusive), never typed in.
+interval and a verdict by a stated rule (claims.Verdict), never typed in. The papers' figures and the
+rules' bounds are in claims.py; each finding's statistics and rule in its own module, worded here:
 
-- kassela: per-mini-batch time falls with the mini-batch for the PS (>= 10x from 100 % to 1 %) and
-  barely for Spark MLlib (<= 1.5x), measured at the paper's data per core. Kassela et al., IEEE
-  BigData 2019: up to 14x vs at most 1.36x.
-- throughput: specialised systems deliver more samples/s than Spark's data-processing paths, like
-  for like (the thesis' abstract): PS BSP against spark-mllib and spark-barrier, by a margin
-  (bench/report/throughput_gap.py).
-- switch: Strategy-Switch reaches the target >= 1.3x sooner than its own sync system (the fastest),
-  with final accuracy within 0.5 pp. Provatas et al., IEEE Access 2025; Sync-Switch (ICDCS 2021).
-- sharding: stratified or distribution-aware shards lower the run-to-run variance of final metrics
-  (random's variance / the strategy's > 1), each strategy its own finding. Provatas et al., IEEE
-  BigData 2021: 8.48x on training accuracy (CIFAR-10, k = 30), 6.11x stratified on validation
-  (CIFAR-100 coarse), ~2x validation.
+- kassela (kassela.py): per-mini-batch time falls with the mini-batch for the PS and barely for
+  Spark MLlib, measured at the paper's data per core (Kassela et al., IEEE BigData 2019).
+- throughput (throughput_gap.py): specialised systems deliver more samples/s than Spark's
+  data-processing paths, like for like (the thesis' abstract): PS BSP against spark-mllib and
+  spark-barrier, by a margin.
+- switch (switching.py): Strategy-Switch reaches the target sooner than its own sync system (the
+  fastest), with final accuracy within a margin (Provatas et al., IEEE Access 2025; Sync-Switch, ICDCS 2021).
+- sharding (sharding.py): stratified or distribution-aware shards lower the run-to-run variance of
+  final metrics (random's variance / the strategy's > 1), each strategy its own finding (Provatas et
+  al., IEEE BigData 2021).
 
 `psbench thesis RESULTS_DIR` writes RESULTS_DIR/thesis.md over every suite there; a suite's report
 shows the findings its own records hold.
