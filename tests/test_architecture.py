@@ -143,6 +143,46 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+def private_uses(module: str, path: Path, known: set[str]) -> list[str]:
+    """Another project module's private (`_name`) helpers that `module` imports or reaches for."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases: dict[str, str] = {}  # local name -> the project module it is bound to
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("psbench"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif a.name.startswith("_") and node.module != module:
+                    found.append(f"{module} imports {node.module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in known})
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{module} uses {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_report_modules_use_no_private_helper_of_another():
+    """A helper two modules share is public in the module that owns it."""
+    modules = source_modules()
+    wrong = [use for m, p in modules.items() if m.startswith("psbench.bench.report")
+             for use in private_uses(m, p, set(modules))]
+    assert not wrong, "private helpers used across modules:\n" + "\n".join(wrong)
+
+
+def test_the_private_check_sees_an_import_and_an_attribute(tmp_path):
+    known = {"psbench.bench.report.plots", "psbench.bench.report.document"}
+    src = tmp_path / "m.py"
+    src.write_text("from psbench.bench.report.plots import _facets, save\n"
+                   "from psbench.bench.report import plots as p\n"
+                   "p._strategy_order([]); p.save\n")
+    assert private_uses("psbench.bench.report.document", src, known) == [
+        "psbench.bench.report.document imports psbench.bench.report.plots._facets",
+        "psbench.bench.report.document uses psbench.bench.report.plots._strategy_order"]
+
+
 def test_systems_import_nothing_of_the_harness():
     graph = import_graph()
     offenders = [f"{m} -> {d}" for m, deps in graph.items() if m.startswith(("psbench.systems", "psbench.workloads",

@@ -12,6 +12,7 @@ import pytest
 from psbench.bench import cli
 from psbench.bench.harness.results import INCLUDE_LOST_FLAG, OnlyLostRuns, load_suite
 from psbench.bench.report import thesis
+from psbench.bench.report.claims import Verdict
 from psbench.bench.report.compare import compare_sides, load_side
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
@@ -136,7 +137,7 @@ def test_thesis_leaves_the_run_out_and_says_so(tmp_path, capsys):
     found, left_out = thesis.collect(tmp_path)
     assert left_out == 2  # the throughput suite's lost run, and the faults suite (every run lost)
     (kept,) = found
-    assert kept.verdict == thesis.REPRODUCED and re.search(TWIN_ROW.format(2), kept.detail), kept.detail
+    assert kept.verdict == Verdict.REPRODUCED and re.search(TWIN_ROW.format(2), kept.detail), kept.detail
     assert cli.main(["thesis", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if "that lost a worker" in x)
@@ -146,7 +147,7 @@ def test_thesis_leaves_the_run_out_and_says_so(tmp_path, capsys):
     # pulls that twin's interval under the margin
     (pooled,), left_out = thesis.collect(tmp_path, include_lost=True)
     assert left_out == 0 and re.search(TWIN_ROW.format(3), pooled.detail), pooled.detail
-    assert pooled.verdict != thesis.REPRODUCED
+    assert pooled.verdict != Verdict.REPRODUCED
     assert cli.main(["thesis", str(tmp_path), INCLUDE_LOST_FLAG]) == 0
     assert "that lost a worker" not in capsys.readouterr().out
     assert "that lost a worker" not in (tmp_path / "thesis.md").read_text()

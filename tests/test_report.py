@@ -9,7 +9,8 @@ import pytest
 
 from psbench.bench.cli import main
 from psbench.bench.report.plots import PALETTE, PLOTS, Styles, system_colour
-from psbench.bench.report.document import build_report, peers_table, sharding_table, summary_table
+from psbench.bench.report.document import build_report, peers_table
+from psbench.bench.report.tables import sharding_table, summary_table
 from psbench.bench.harness.results import load_suite
 from psbench.bench.report.measures import annotate
 from psbench.core.records import STEP_TIME_COLUMNS
@@ -105,8 +106,8 @@ def test_scaling_and_sharding_tables_compute_what_they_claim(suite):
     assert normal["stratified"] == pytest.approx(variance_power.detectable_ratio(seeds, seeds, alpha))
     # the verdict's test's power needs the tails read from enough random-shard runs; this fixture's few
     # seeds carry no shape, so the table says nothing rather than a normal figure under its name
-    from psbench.bench.report import thesis
-    assert len(thesis.sharding_residuals(res)) < variance_power.MIN_POOL
+    from psbench.bench.report import sharding
+    assert len(sharding.sharding_residuals(res)) < variance_power.MIN_POOL
     assert pd.isna(power["stratified"]) and pd.isna(table.set_index("sharding")["seeds for 2x"]["stratified"])
 
 

@@ -13,7 +13,8 @@ import pytest
 from psbench.bench.cli import main
 from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.slim import slim_suite
-from psbench.bench.report.document import build_report, sharding_table, steps_kept_text, summary_table
+from psbench.bench.report.document import build_report, steps_kept_text
+from psbench.bench.report.tables import sharding_table, summary_table
 from psbench.bench.report.measures import annotate
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec

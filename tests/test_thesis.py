@@ -12,7 +12,8 @@ from scipy.stats import pearsonr
 
 from psbench.bench.cli import main
 from psbench.bench.harness.results import load_suite
-from psbench.bench.report import measures, thesis
+from psbench.bench.report import measures, sharding, thesis
+from psbench.bench.report.claims import Verdict
 from psbench.bench.report.stats import paired_diff_ci, paired_ratio_ci, paired_variance_ratio, variance_ratio
 from psbench.core.spec import RunSpec
 from report_fixtures import fake_run
@@ -80,7 +81,7 @@ def _sharding_suite(root: Path, calm: float, stragglers: tuple[str | None, ...] 
 
 def test_sharding_verdict_follows_the_records(tmp_path, monkeypatch):
     calm = thesis.findings(load_suite(_sharding_suite(tmp_path / "a", calm=0.005)))
-    assert [f.verdict for f in calm] == [thesis.REPRODUCED]
+    assert [f.verdict for f in calm] == [Verdict.REPRODUCED]
     assert calm[0].finding == "stratified shards lower run-to-run variance"
     assert "2 of 2 ratios point the paper's way, 0 the other; significant (Holm at 0.05): 2 lower, 0 higher" \
         in calm[0].ours
@@ -104,8 +105,8 @@ def test_sharding_verdict_follows_the_records(tmp_path, monkeypatch):
     assert re.search(r"with tails like ours, the largest of its 12 null ratios reaches 8.48 with probability 0\.\d\d",
                      told.detail.lower())
     alike = thesis.findings(load_suite(_sharding_suite(tmp_path / "b", calm=0.05)))
-    assert [f.verdict for f in alike] in ([thesis.INCONCLUSIVE], [thesis.NOT_REPRODUCED])
-    assert alike[0].verdict != thesis.REPRODUCED
+    assert [f.verdict for f in alike] in ([Verdict.INCONCLUSIVE], [Verdict.NOT_REPRODUCED])
+    assert alike[0].verdict != Verdict.REPRODUCED
 
 
 def test_each_strategy_is_its_own_family_at_a_split_level(tmp_path):
@@ -120,8 +121,8 @@ def test_each_strategy_is_its_own_family_at_a_split_level(tmp_path):
     found = {f.finding: f for f in thesis.findings(load_suite(root / "sharding"))}
     assert set(found) == {"stratified shards lower run-to-run variance",
                           "distribution-aware shards lower run-to-run variance"}
-    assert found["stratified shards lower run-to-run variance"].verdict == thesis.REPRODUCED
-    assert found["distribution-aware shards lower run-to-run variance"].verdict != thesis.REPRODUCED
+    assert found["stratified shards lower run-to-run variance"].verdict == Verdict.REPRODUCED
+    assert found["distribution-aware shards lower run-to-run variance"].verdict != Verdict.REPRODUCED
     assert all("(Holm at 0.025)" in f.ours for f in found.values())
     assert "| mlp-digits | native | 20 |" in found["distribution-aware shards lower run-to-run variance"].detail
 
@@ -131,11 +132,11 @@ def test_holm_within_a_strategy_rejects_what_bonferroni_would_not():
     import pandas as pd
     rows = pd.DataFrame({"sharding": ["stratified"] * 2, "p_bf_paired": [0.02, 0.03], "spread": [3.0, 3.0],
                          "spread_hi": [9.0, 9.0]})
-    (test,) = thesis.strategy_tests(rows)  # Bonferroni at 0.05 / 2 would reject only the first
-    assert test.lower == 2 and test.verdict == thesis.REPRODUCED
+    (test,) = sharding.strategy_tests(rows)  # Bonferroni at 0.05 / 2 would reject only the first
+    assert test.lower == 2 and test.verdict == Verdict.REPRODUCED
     rows["p_bf_paired"] = [0.03, 0.03]
-    (test,) = thesis.strategy_tests(rows)
-    assert test.lower == 0 and test.verdict == thesis.INCONCLUSIVE and "2 of 2 upper bounds still reach 2x" in test.reason
+    (test,) = sharding.strategy_tests(rows)
+    assert test.lower == 0 and test.verdict == Verdict.INCONCLUSIVE and "2 of 2 upper bounds still reach 2x" in test.reason
 
 
 def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
@@ -147,9 +148,9 @@ def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
                            options={"consistency": "asp"})
             fake_run(tmp_path, "sharding", spec, step_s=0.002, final_noise=spread, acc_max=0.11, shards=True)
     res = load_suite(tmp_path / "sharding")
-    assert thesis.untrained(res)  # 10 classes: chance 0.1, the runs end near it
+    assert sharding.untrained(res)  # 10 classes: chance 0.1, the runs end near it
     (found,) = thesis.findings(res)
-    assert found.verdict == thesis.INCONCLUSIVE and "did not learn" in found.ours
+    assert found.verdict == Verdict.INCONCLUSIVE and "did not learn" in found.ours
     # the same design with runs that learned: judged as before
     for strategy, spread in (("random", 0.05), ("stratified", 0.005)):
         for seed in range(20):
@@ -157,13 +158,13 @@ def test_a_sharding_comparison_whose_runs_did_not_learn_is_left_out(tmp_path):
                            options={"consistency": "asp"})
             fake_run(tmp_path / "ok", "sharding", spec, step_s=0.002, final_noise=spread, shards=True)
     (learned,) = thesis.findings(load_suite(tmp_path / "ok" / "sharding"))
-    assert learned.verdict == thesis.REPRODUCED and "did not learn" not in learned.ours
+    assert learned.verdict == Verdict.REPRODUCED and "did not learn" not in learned.ours
 
 
 def test_sharding_ratios_are_per_condition_with_and_without_a_speed_spread(tmp_path):
     res = load_suite(_sharding_suite(tmp_path, calm=0.005, stragglers=(None, "spread:lo=1,hi=4.5")))
-    ratios = thesis.sharding_ratios(res)
-    from psbench.bench.report.plots import SHARDING_METRICS
+    ratios = sharding.sharding_ratios(res)
+    from psbench.bench.report.sharding import SHARDING_METRICS
 
     assert ratios["conditions"].nunique() == 2 and len(ratios) == 2 * len(SHARDING_METRICS)  # per condition
     assert (ratios["seeds"] == 20).all()  # paired within a condition, never pooled across
@@ -191,10 +192,10 @@ def test_a_loss_ratio_is_shown_not_tested(tmp_path):
                 m["summary"][key] = 0.5 + (m["seed"] % 5 - 2) * 0.002
         run.write_text(json.dumps(m))
     res = load_suite(tmp_path / "sharding")
-    ratios = thesis.sharding_ratios(res).set_index("metric")
+    ratios = sharding.sharding_ratios(res).set_index("metric")
     assert ratios.loc["final training loss", "lo"] > 10 and not ratios.loc["final training loss", "tested"]
     (found,) = thesis.findings(res)
-    assert found.verdict != thesis.REPRODUCED and "loss" not in found.ours.split("; the paper")[0]
+    assert found.verdict != Verdict.REPRODUCED and "loss" not in found.ours.split("; the paper")[0]
 
 
 def _set_final_accuracies(suite: Path, values: dict[str, np.ndarray],
@@ -230,12 +231,12 @@ def test_a_few_far_runs_do_not_make_a_variance_reduction(tmp_path, forty_seeds):
     suite = _copy(forty_seeds, tmp_path)
     _set_final_accuracies(suite, {"random": far, "stratified": calm})
     res = load_suite(suite)
-    tested = thesis.sharding_ratios(res)
+    tested = sharding.sharding_ratios(res)
     tested = tested[tested["tested"]]
     assert (tested["ratio"] > 4).all() and (tested["p_paired"] < 1e-5).all()  # the normal theory's answer
     assert (tested["p_bf_paired"] > 0.025).all()
     (found,) = thesis.findings(res)
-    assert found.verdict == thesis.INCONCLUSIVE and "significant (Holm at 0.05): 0 lower, 0 higher" in found.ours
+    assert found.verdict == Verdict.INCONCLUSIVE and "significant (Holm at 0.05): 0 lower, 0 higher" in found.ours
 
 
 def test_a_strategy_that_raises_the_variance_counts_against_the_paper(tmp_path, forty_seeds):
@@ -246,14 +247,14 @@ def test_a_strategy_that_raises_the_variance_counts_against_the_paper(tmp_path, 
     raised = _copy(forty_seeds, tmp_path / "raised")
     _set_final_accuracies(raised, {"random": calm, "stratified": noisy})
     (found,) = thesis.findings(load_suite(raised))
-    assert found.verdict == thesis.NOT_REPRODUCED
+    assert found.verdict == Verdict.NOT_REPRODUCED
     assert "0 lower, 2 higher" in found.ours and found.decides.startswith("more variable than random")
     assert found.detail.count("| rejects |") == 2  # each significant ratio named in the section's table
     both = _copy(forty_seeds, tmp_path / "both")  # lower on training accuracy, higher on validation
     _set_final_accuracies(both, {"random": noisy, "stratified": calm}, ("final_train_accuracy",))
     _set_final_accuracies(both, {"random": calm, "stratified": noisy}, ("final_val_accuracy",))
     (found,) = thesis.findings(load_suite(both))
-    assert found.verdict == thesis.INCONCLUSIVE
+    assert found.verdict == Verdict.INCONCLUSIVE
     assert "1 lower, 1 higher" in found.ours and "both ways" in found.decides
 
 
@@ -273,13 +274,13 @@ def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: i
 
 def test_switch_verdict_follows_the_records(tmp_path):
     fast = thesis.findings(load_suite(_switch_suite(tmp_path / "fast", switch_step_s=0.002)))
-    assert [f.verdict for f in fast] == [thesis.REPRODUCED]
+    assert [f.verdict for f in fast] == [Verdict.REPRODUCED]
     # ddp: the faster sync; each side's time to target with its interval, then the speed-up
     assert re.search(r"vs ddp: time to target [\d.]+ s \[[^]]+\] \(n=5\) vs [\d.]+ s \[[^]]+\] \(n=5\), "
                      r"speed-up (1\.9|2\.0)", fast[0].ours), fast[0].ours
     assert "Holm" in fast[0].rule
     slow = thesis.findings(load_suite(_switch_suite(tmp_path / "slow", switch_step_s=0.0039)))
-    assert [f.verdict for f in slow] == [thesis.NOT_REPRODUCED]
+    assert [f.verdict for f in slow] == [Verdict.NOT_REPRODUCED]
 
 
 def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_out():
@@ -296,7 +297,7 @@ def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_ou
     never = Path(tempfile.mkdtemp())
     _switch_suite(never, switch_step_s=0.002, switch_at=None)
     (finding,) = thesis.findings(load_suite(never / "switch"))
-    assert finding.verdict == thesis.INCONCLUSIVE and "never acted" in finding.ours
+    assert finding.verdict == Verdict.INCONCLUSIVE and "never acted" in finding.ours
 
 
 def test_switch_verdict_tests_the_thesis_point_and_shows_the_map_slice_untested(tmp_path, monkeypatch):
@@ -318,7 +319,7 @@ def test_switch_verdict_tests_the_thesis_point_and_shows_the_map_slice_untested(
     assert sorted(table["in the verdict"]) == ["no: a map cell (fewer seeds)", "no: pure ASP, shown beside",
                                                "no: pure ASP, shown beside", "yes"]
     (finding,) = thesis.findings(res)
-    assert finding.verdict == alone[0].verdict == thesis.REPRODUCED
+    assert finding.verdict == alone[0].verdict == Verdict.REPRODUCED
     assert "map cell (stragglers slow:1=2.5, n=3, not tested)" in finding.ours
     import matplotlib.pyplot as plt
 
@@ -391,17 +392,17 @@ def test_switch_verdict_is_inconclusive_when_the_seed_blocks_disagree(tmp_path):
 
     res = load_suite(_own_sync_suite(tmp_path, fast_seeds=[0, 1, 2, 3], slow_seeds=[10, 11, 12, 13], ddp_phase=False))
     judged = switching.switch_verdict(res)
-    assert judged.block_outcomes == {"seeds 0–9": switching.HOLDS, "seeds 10–19": switching.FAILS}
-    assert judged.outcome == switching.BLOCKS_DISAGREE
+    assert judged.block_outcomes == {"seeds 0–9": switching.Outcome.HOLDS, "seeds 10–19": switching.Outcome.FAILS}
+    assert judged.outcome == switching.Outcome.BLOCKS_DISAGREE
     (finding,) = thesis.findings(res)
-    assert finding.verdict == thesis.INCONCLUSIVE and "blocks disagree" in finding.decides
+    assert finding.verdict == Verdict.INCONCLUSIVE and "blocks disagree" in finding.decides
     assert len(finding.headline) <= thesis.SUMMARY_CELL and len(finding.decides) <= thesis.SUMMARY_CELL
     assert "(n=8)" in finding.headline and "| seeds 10–19 |" in finding.detail and "Rule: " + finding.rule in thesis.render([finding])
     agree = load_suite(_own_sync_suite(tmp_path / "agree", fast_seeds=[0, 1, 2, 10, 11, 12], slow_seeds=[],
                                        ddp_phase=False))
     judged = switching.switch_verdict(agree)
-    assert set(judged.block_outcomes.values()) == {switching.HOLDS} and judged.outcome == switching.HOLDS
-    assert thesis.findings(agree)[0].verdict == thesis.REPRODUCED
+    assert set(judged.block_outcomes.values()) == {switching.Outcome.HOLDS} and judged.outcome == switching.Outcome.HOLDS
+    assert thesis.findings(agree)[0].verdict == Verdict.REPRODUCED
 
 
 def test_switch_verdict_corrects_over_the_tested_variants_only():
@@ -465,7 +466,7 @@ def test_kassela_verdict_is_read_at_the_papers_data_per_core(tmp_path):
     that does not fall (1.2x) at both setups: not reproduced. The fall to 0.01 % is shown only."""
     (found,) = thesis.findings(load_suite(_paper_sweep(tmp_path / "a", lambda b: 1e-4 + 2e-6 * b,
                                                        lambda b: 0.1 + 1e-7 * b)))
-    assert found.verdict == thesis.REPRODUCED
+    assert found.verdict == Verdict.REPRODUCED
     assert "39k rows/core: PS" in found.headline and "(100 → 1 %, n=3)" in found.headline
     assert len(found.headline) <= thesis.SUMMARY_CELL and len(found.decides) <= thesis.SUMMARY_CELL
     assert "≥ 10x" in found.decides and "| 1.1 M rows (1 w) |" in found.detail
@@ -475,7 +476,7 @@ def test_kassela_verdict_is_read_at_the_papers_data_per_core(tmp_path):
     ends = {workload: batches[:2] for workload, batches in PAPER_POINTS.items()}  # 100 % and 1 % suffice
     (flat,) = thesis.findings(load_suite(_paper_sweep(tmp_path / "b", lambda b: 0.002 + 1e-8 * b,
                                                       lambda b: 0.1 + 1e-7 * b, points=ends)))
-    assert flat.verdict == thesis.NOT_REPRODUCED and flat.decides.count("PS upper bound") == 2
+    assert flat.verdict == Verdict.NOT_REPRODUCED and flat.decides.count("PS upper bound") == 2
 
 
 def test_kassela_needs_both_setups_to_say_not_reproduced(tmp_path):
@@ -483,7 +484,7 @@ def test_kassela_needs_both_setups_to_say_not_reproduced(tmp_path):
     small = {"logreg-higgs-49k": PAPER_POINTS["logreg-higgs-49k"][:2]}
     (found,) = thesis.findings(load_suite(_paper_sweep(tmp_path, lambda b: 0.002 + 1e-8 * b,
                                                        lambda b: 0.1 + 1e-7 * b, points=small)))
-    assert found.verdict == thesis.INCONCLUSIVE and "not measured at 1 of the paper's setups" in found.decides
+    assert found.verdict == Verdict.INCONCLUSIVE and "not measured at 1 of the paper's setups" in found.decides
 
 
 def test_oversubscribed_runs_at_the_papers_data_per_core_are_shown_never_counted(tmp_path):
@@ -491,12 +492,12 @@ def test_oversubscribed_runs_at_the_papers_data_per_core_are_shown_never_counted
     their shard on two cores): the table shows them, flagged; the verdict has nothing to stand on."""
     (found,) = thesis.findings(load_suite(_paper_sweep(tmp_path, lambda b: 1e-4 + 2e-6 * b,
                                                        lambda b: 0.1 + 1e-7 * b, oversubscribed=True)))
-    assert found.verdict == thesis.INCONCLUSIVE
+    assert found.verdict == Verdict.INCONCLUSIVE
     assert "only runs that oversubscribed the cores" in found.headline
     assert "| 39k rows (1 w, oversubscribed: not counted) |" in found.detail
     (fits,) = thesis.findings(load_suite(_paper_sweep(tmp_path / "b", lambda b: 1e-4 + 2e-6 * b,
                                                       lambda b: 0.1 + 1e-7 * b)))
-    assert fits.verdict == thesis.REPRODUCED and "oversubscribed: not counted" not in fits.detail
+    assert fits.verdict == Verdict.REPRODUCED and "oversubscribed: not counted" not in fits.detail
 
 
 def test_a_model_projection_alone_never_gives_not_reproduced(tmp_path):
@@ -514,7 +515,7 @@ def test_a_model_projection_alone_never_gives_not_reproduced(tmp_path):
     main_suite = _paper_sweep(root, ps, spark, points=AWAY_POINT)
     _paper_sweep(root, ps, spark, points={"logreg-higgs-10m": (4_000_000, 400)}, suite="kassela-10m", seeds=range(2))
     (found,) = thesis.findings(load_suite(main_suite))
-    assert found.verdict == thesis.INCONCLUSIVE and "not measured at the paper's data per core" in found.headline
+    assert found.verdict == Verdict.INCONCLUSIVE and "not measured at the paper's data per core" in found.headline
     assert "projected to the paper's setups" in found.detail and "never the verdict" in found.detail
     assert "Shown, not a verdict (kassela-10m" in found.detail
     assert thesis.findings(load_suite(root / "kassela-10m")) == []  # shown in kassela's section only
@@ -523,7 +524,7 @@ def test_a_model_projection_alone_never_gives_not_reproduced(tmp_path):
 def test_kassela_on_an_emulated_device_is_inconclusive_by_construction(tmp_path):
     (found,) = thesis.findings(load_suite(_sweep_suite(tmp_path / "a", lambda b: 1e-4 + 2e-4 * b,
                                                        lambda b: 0.1 + 1e-5 * b, emulate="step_ms=1")))
-    assert found.verdict == thesis.INCONCLUSIVE and "device profile" in found.ours
+    assert found.verdict == Verdict.INCONCLUSIVE and "device profile" in found.ours
     assert found.decides == "an emulated device on one side only"
 
 
@@ -553,13 +554,13 @@ def test_the_sharding_verdict_is_the_design_with_the_most_seeds(tmp_path):
     _sharding_suite(tmp_path, calm=0.05, seeds=30, suite="sharding-powered")       # no effect
     found, _ = thesis.collect(tmp_path)
     by_suite = {f.suite: f for f in found}
-    assert by_suite["sharding-powered"].verdict in (thesis.INCONCLUSIVE, thesis.NOT_REPRODUCED)
+    assert by_suite["sharding-powered"].verdict in (Verdict.INCONCLUSIVE, Verdict.NOT_REPRODUCED)
     small = by_suite["sharding"]
-    assert small.verdict == thesis.SUBSET
+    assert small.verdict == Verdict.SUBSET
     assert small.ours.startswith("a smaller design (20 seeds a comparison; the verdict is sharding-powered's, 30); "
                                  "by itself: reproduced; ")
     text = thesis.render(found)
-    assert "**reproduced**" not in text and f"**{thesis.SUBSET}**" in text
+    assert "**reproduced**" not in text and f"**{Verdict.SUBSET}**" in text
 
 
 def test_a_batch_sweep_is_not_a_throughput_finding(tmp_path):

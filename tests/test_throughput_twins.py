@@ -11,6 +11,7 @@ import pytest
 
 from psbench.bench.harness.results import SuiteResults, load_suite
 from psbench.bench.report import measures, thesis
+from psbench.bench.report.claims import THROUGHPUT, Verdict
 from psbench.bench.report import throughput_gap as tg
 from psbench.bench.report.stats import Interval
 from psbench.core.spec import RunSpec
@@ -62,7 +63,7 @@ def _finding(root: Path, **kw) -> thesis.Finding:
 
 def test_synchronous_twins_well_above_the_margin_reproduce_and_the_finding_says_so_in_its_fields(clear):
     (found,) = thesis.findings(clear)
-    assert found.verdict == thesis.REPRODUCED
+    assert found.verdict == Verdict.REPRODUCED
     assert 0 < len(found.headline) <= thesis.SUMMARY_CELL and 0 < len(found.decides) <= thesis.SUMMARY_CELL
     assert "ps (bsp) ÷ spark-mllib" in found.headline and "(n=3)" in found.headline
     assert "ddp ÷ spark-torch" in found.headline  # the ring's twin beside, per step
@@ -73,14 +74,14 @@ def test_synchronous_twins_well_above_the_margin_reproduce_and_the_finding_says_
     assert "| mlp-digits | 8 | ps (bsp) ÷ spark-barrier |" in found.detail
     assert "Spark adds nothing measurable per step" in found.detail
     assert "emulated" in found.detail.lower() and "Workers per core: 2: 1, 8: 4" in found.detail
-    assert "16x" not in thesis.PAPER["throughput"]  # the paper's convergence figure is no throughput figure
+    assert "16x" not in THROUGHPUT.paper  # the paper's convergence figure is no throughput figure
 
 
 def test_an_asp_only_advantage_never_passes(tmp_path):
     """PS ASP 15x faster than Spark, PS BSP only 1.1x: the verdict is BSP's, and 1.1x fails the margin."""
     found = _finding(tmp_path, steps_s=_steps(bsp=lambda n: 0.2 / 1.1, mllib=lambda n: 0.2, barrier=lambda n: 0.2,
                                               asp=lambda n: 0.2 / 15))
-    assert found.verdict == thesis.NOT_REPRODUCED
+    assert found.verdict == Verdict.NOT_REPRODUCED
     table = tg.twin_table(tg.twins(load_suite(tmp_path / "throughput")))
     asp = table[table["pair"] == "ps (asp) ÷ spark-mllib"]
     assert (asp["in verdict"] == "no: shown beside").all() and (asp["above 1.2x"] == "yes").all()
@@ -102,25 +103,25 @@ def test_an_oversubscribed_point_never_counts(tmp_path):
     """spark-mllib as fast as PS BSP at 8 workers: not reproduced when those runs fit the
     cores; when they oversubscribed them, those points are shown, flagged, and not counted."""
     catch_up = _steps(mllib=lambda n: 0.02 if n >= 8 else 0.3)
-    assert _finding(tmp_path / "fit", steps_s=catch_up).verdict == thesis.NOT_REPRODUCED
+    assert _finding(tmp_path / "fit", steps_s=catch_up).verdict == Verdict.NOT_REPRODUCED
     crowded = _finding(tmp_path / "crowded", steps_s=catch_up,
                        crowded=lambda label, n: label == "spark-mllib" and n >= 8)
-    assert crowded.verdict == thesis.REPRODUCED and "1 oversubscribed point not counted" in crowded.decides
+    assert crowded.verdict == Verdict.REPRODUCED and "1 oversubscribed point not counted" in crowded.decides
     table = tg.twin_table(tg.twins(load_suite(tmp_path / "crowded" / "throughput")))
     flagged = table[(table["pair"] == "ps (bsp) ÷ spark-mllib") & (table["workers"] == 8)]
     assert (flagged["oversubscribed"] == "yes").all() and (flagged["in verdict"] == "no: oversubscribed").all()
     # a huge ratio at oversubscribed points alone proves nothing: a pair with no counted point
     alone = _finding(tmp_path / "alone", steps_s=_steps(), crowded=lambda label, n: label == "spark-barrier")
-    assert alone.verdict == thesis.INCONCLUSIVE
+    assert alone.verdict == Verdict.INCONCLUSIVE
 
 
 def test_a_twin_missing_at_a_worker_count_is_inconclusive_not_reproduced(tmp_path):
     sync = _steps()
     found = _finding(tmp_path, steps_s=sync, skip=lambda label, n: label == "spark-barrier" and n == 8)
-    assert found.verdict == thesis.INCONCLUSIVE
+    assert found.verdict == Verdict.INCONCLUSIVE
     assert found.decides.startswith("a twin missing: ps (bsp) ÷ spark-barrier at mlp-digits, 8 workers")
     gone = _finding(tmp_path / "b", steps_s={k: v for k, v in sync.items() if k != "spark-mllib"})
-    assert gone.verdict == thesis.INCONCLUSIVE  # every workload needs both synchronous twins
+    assert gone.verdict == Verdict.INCONCLUSIVE  # every workload needs both synchronous twins
 
 
 def test_every_workload_must_hold(tmp_path):
@@ -130,7 +131,7 @@ def test_every_workload_must_hold(tmp_path):
     _suite(root, sync, workloads=("mlp-digits",))
     _suite(root, {k: (lambda n: 0.3) for k in sync}, workloads=("mlp-wide-synthetic",))
     (found,) = thesis.findings(load_suite(root / "throughput"))
-    assert found.verdict == thesis.NOT_REPRODUCED
+    assert found.verdict == Verdict.NOT_REPRODUCED
     assert "mlp-wide-synthetic" in found.decides
 
 

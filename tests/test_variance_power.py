@@ -9,6 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from psbench.bench.report import variance_power as vp
+from psbench.bench.report.claims import SHARDING
 from psbench.bench.report.stats import paired_variance_ratio
 
 
@@ -115,18 +116,18 @@ def test_the_powered_designs_seeds_are_what_the_pilots_tails_ask_for():
     test, the level or the pilot and this fails until the design's seeds follow."""
     import pandas as pd
     from psbench.bench.harness.matrix import load_experiment
-    from psbench.bench.report import thesis
+    from psbench.bench.report import sharding as shards
 
     root = Path(__file__).resolve().parents[1]
     design = load_experiment(root / "bench/experiments/extra/sharding_powered.toml")
     seeds = sorted({spec.seed for spec in design.specs})
     cells = {(s.workload, s.sharding, s.stragglers) for s in design.specs}
-    tested = sum(sharding != "random" for _, sharding, _ in cells) * len(thesis.SHARDING_TESTED)
+    tested = sum(sharding != "random" for _, sharding, _ in cells) * len(shards.SHARDING_TESTED)
     assert tested == 16 and len(design.specs) == len(cells) * len(seeds) and seeds == list(range(len(seeds)))
     pilot = pd.read_csv(root / "results/pilot/sharding-powered-0524d41.csv")
     assert len(pilot) == 1320 and pilot["git_sha"].str.startswith("0524d41").all()
-    pool = thesis.random_residuals(pilot)
-    assert len(seeds) == vp.simulated_seeds_for(pool, thesis.SHARDING_EFFECT, thesis.ALPHA / tested)
+    pool = shards.random_residuals(pilot)
+    assert len(seeds) == vp.simulated_seeds_for(pool, SHARDING.effect, shards.ALPHA / tested)
 
 
 def test_the_simulated_statistic_is_the_verdicts_test_row_by_row():

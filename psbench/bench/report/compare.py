@@ -227,14 +227,14 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     """Per metric, each configuration's ratio B/A with its interval; the line at 1 is 'no change'."""
     from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
-    from psbench.bench.report.plots import _facets, save
+    from psbench.bench.report.plots import facets, save
 
     table = table.dropna(subset=["ratio B/A"])
     if table.empty:
         return []
     metrics = [heading for heading, _ in METRICS.values() if heading in set(table["metric"])]
     configs = list(dict.fromkeys(table["configuration"]))
-    fig, axes = _facets(len(metrics), width=5.0, height=0.45 * len(configs) + 1.6)
+    fig, axes = facets(len(metrics), width=5.0, height=0.45 * len(configs) + 1.6)
     colours = {"better": "#2ca02c", "worse": "#d62728", "~": "#4d4d4d", "n/a": "#9e9e9e"}
     for ax, heading in zip(axes, metrics):
         rows = table[table["metric"] == heading].set_index("configuration").reindex(configs)

@@ -26,6 +26,7 @@ from psbench.core.atomic import atomic_write  # noqa: E402
 from psbench.core.records import STEP_TIME_COLUMNS  # noqa: E402
 from psbench import systems  # noqa: E402
 from psbench.bench.harness.results import SuiteResults  # noqa: E402
+from psbench.bench.report.sharding import SHARDING_METRICS, sharding_runs, strategy_order  # noqa: E402
 from psbench.bench.report.measures import annotate, fall_ratio, run_step_means, time_breakdown as run_breakdowns  # noqa: E402
 
 plt.rcParams.update({"svg.hashsalt": "psbench", "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
@@ -89,7 +90,7 @@ def series(df: pd.DataFrame, dims: list[str]) -> Iterator[tuple[str, str, pd.Dat
         yield (key[0] + (f", {', '.join(extra)}" if extra else "")), key[0], rows, k
 
 
-def _facets(n: int, width: float = 6.0, height: float = 4.2, cols: int = 3) -> tuple[plt.Figure, list[plt.Axes]]:
+def facets(n: int, width: float = 6.0, height: float = 4.2, cols: int = 3) -> tuple[plt.Figure, list[plt.Axes]]:
     cols = min(n, cols)
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
@@ -179,9 +180,9 @@ def _suite_title(res: SuiteResults, text: str) -> str:
 def facet_figure(res: SuiteResults, out_dir: Path, name: str, title: str, panels: list,
                  draw: Callable[[plt.Axes, object, Styles], None], **size) -> list[Path]:
     """The skeleton of every plot: one panel per item of `panels`, drawn by draw(ax, panel, style),
-    the suite's title above, saved as `name` (png + svg). `size`: _facets' width/height/cols."""
+    the suite's title above, saved as `name` (png + svg). `size`: facets' width/height/cols."""
     style = Styles(res.runs)
-    fig, axes = _facets(len(panels), **size)
+    fig, axes = facets(len(panels), **size)
     for ax, panel in zip(axes, panels):
         draw(ax, panel, style)
     fig.suptitle(_suite_title(res, title))
@@ -516,34 +517,12 @@ def _switch_text(event: pd.Series) -> str:
     return f"switch{step}" + (f" ({rule})" if rule else "")
 
 
-SHARDING_METRICS = [("final_train_loss", "final training loss"), ("final_val_loss", "final validation loss"),
-                    ("final_train_accuracy", "final training accuracy"),
-                    ("final_val_accuracy", "final validation accuracy")]
-# The metrics a sharding verdict tests (the paper's figures are on accuracy: 8.48x training, 6.11x
-# and ~2x validation); the losses are shown beside them, not tested, so the correction and the
-# seeds a design needs count only these (bench/experiments/extra/sharding_powered.toml: 16 ratios).
-SHARDING_TESTED = ("final_train_accuracy", "final_val_accuracy")
-
-
-SHARDING_GROUP = ["workload", "label", "workers", "batch_size", "conditions"]
-
-
-def sharding_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs of sharding comparisons: configurations (all but the sharding alike) run under several
-    strategies, at least one of them over several seeds."""
-    def compared(group: pd.DataFrame) -> bool:
-        return group["sharding"].nunique() >= 2 and group.groupby("sharding")["seed"].nunique().max() >= 2
-
-    keep = [g for _, g in runs.groupby(SHARDING_GROUP) if compared(g)]
-    return pd.concat(keep) if keep else runs.iloc[0:0]
-
-
 def sharding_variance(res: SuiteResults, out_dir: Path) -> list[Path]:
     runs = sharding_runs(res.runs)
     metrics = [(m, t) for m, t in SHARDING_METRICS if m in runs.columns and runs[m].notna().any()]
     if runs.empty or not metrics:
         return []
-    strategies = _strategy_order(runs["sharding"].unique())
+    strategies = strategy_order(runs["sharding"].unique())
     groups = list(series(runs, ["workload", "workers", "batch_size", "conditions"]))
     width = 0.8 / len(groups)
 
@@ -578,7 +557,7 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
     if counts.empty:
         return []
     panels = [(w, s) for w in sorted(counts["workload"].unique())
-              for s in _strategy_order(counts[counts["workload"] == w]["sharding"].unique())]
+              for s in strategy_order(counts[counts["workload"] == w]["sharding"].unique())]
 
     def draw(ax: plt.Axes, panel: tuple[str, str], _style: Styles) -> None:
         workload, strategy = panel
@@ -651,11 +630,6 @@ def time_breakdown(res: SuiteResults, out_dir: Path) -> list[Path]:
     width = max(5.0, 2.0 + 0.6 * bars.groupby(["workload", "conditions"]).size().max())
     return facet_figure(res, out_dir, "time_breakdown", "Per-step time breakdown (median per step, after warm-up)",
                         panels, draw, width=width, height=4.6)
-
-
-def _strategy_order(strategies) -> list[str]:
-    order = {"random": 0, "stratified": 1}
-    return sorted(strategies, key=lambda s: (order.get(s, 2), s))
 
 
 PLOTS: dict[str, Callable[[SuiteResults, Path], list[Path]]] = {

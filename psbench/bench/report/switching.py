@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults
 from psbench.bench.report import stats
+from psbench.bench.report.claims import SWITCH
 from psbench.core.records import TARGET_WINDOW
 from psbench import systems
 
-SWITCH_SPEEDUP = 1.3    # switch's time to target: sync's / switch's at least this
-SWITCH_ACC_PP = 0.5     # switch's final accuracy at most this many points below sync's
+SWITCH_SPEEDUP = SWITCH.speedup_min  # switch's time to target: sync's / switch's at least this
+SWITCH_ACC_PP = SWITCH.accuracy_pp   # switch's final accuracy at most this many points below sync's
 ALPHA = 0.05
 
 CALIBRATION_SEED_MIN = 100   # seeds >= this are calibration seeds: they set the target, never the verdict
@@ -24,6 +26,12 @@ TARGET_SHARE = 0.99          # the target: this share of the fastest sync system
 TARGET_K = TARGET_WINDOW      # smoothed: the mean of k consecutive evaluations (as a run's own summary)
 FINAL_K = 5                  # a run's final accuracy: the mean of its last FINAL_K validation evaluations
 BLOCK_SEEDS = 10             # the verdict's seeds fall in pre-specified blocks: seed // BLOCK_SEEDS (0-9, 10-19)
+SWITCH_RULE = (f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
+               f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its "
+               f"final validation accuracy shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at "
+               f"alpha {ALPHA:g}, Holm over the variants); not reproduced if every such variant that switched has its "
+               f"speed-up interval below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; "
+               f"else inconclusive; and inconclusive whenever the pre-specified seed blocks disagree")
 SWITCH_RULE_EXTRA = (f"The fastest sync system (ddp or ps bsp: the same averaged update, so the one with more "
                      f"samples/s on the calibration seeds, >= {CALIBRATION_SEED_MIN}) sets the target: "
                      f"{TARGET_SHARE:g} x its mean final accuracy on those seeds (floored to 0.005); a run's final "
@@ -157,10 +165,15 @@ def switch_comparisons(res: SuiteResults, block: int | None = None) -> list[Swit
     return out
 
 
-HOLDS, FAILS, OPEN, BLOCKS_DISAGREE = "holds", "fails", "open", "blocks disagree"
+class Outcome(StrEnum):
+    """The switch rule on one set of seeds (or the seed blocks disagreeing), printed as its value."""
+    HOLDS = "holds"
+    FAILS = "fails"
+    OPEN = "open"
+    BLOCKS_DISAGREE = "blocks disagree"
 
 
-def switch_outcome(found: list[SwitchComparison]) -> str:
+def switch_outcome(found: list[SwitchComparison]) -> Outcome:
     """The rule on one set of seeds: HOLDS if a tested variant is shown > SWITCH_SPEEDUP sooner and
     within SWITCH_ACC_PP (both after Holm), FAILS if every tested variant's speed-up interval lies
     below SWITCH_SPEEDUP or its accuracy interval below -SWITCH_ACC_PP, else OPEN."""
@@ -170,18 +183,18 @@ def switch_outcome(found: list[SwitchComparison]) -> str:
     holds = [row[speed] == "yes" and row[accuracy] == "yes"
              for c, (_, row) in zip(found, table.iterrows()) if c.in_verdict]
     if any(holds):
-        return HOLDS
+        return Outcome.HOLDS
     if tested and all(c.speedup.hi < SWITCH_SPEEDUP or c.accuracy_pp.hi < -SWITCH_ACC_PP for c in tested):
-        return FAILS
-    return OPEN
+        return Outcome.FAILS
+    return Outcome.OPEN
 
 
 @dataclass(frozen=True)
 class SwitchVerdict:
-    outcome: str                          # HOLDS / FAILS / OPEN on all seeds, or BLOCKS_DISAGREE
+    outcome: Outcome                      # HOLDS / FAILS / OPEN on all seeds, or BLOCKS_DISAGREE
     combined: list[SwitchComparison]      # on all verdict seeds
     blocks: dict[str, list[SwitchComparison]]  # per pre-specified block of seeds
-    block_outcomes: dict[str, str]
+    block_outcomes: dict[str, Outcome]
 
 
 def switch_verdict(res: SuiteResults) -> SwitchVerdict | None:
@@ -197,7 +210,7 @@ def switch_verdict(res: SuiteResults) -> SwitchVerdict | None:
         if any(c.in_verdict for c in found):
             blocks[found[0].block] = found
     block_outcomes = {name: switch_outcome(found) for name, found in blocks.items()}
-    outcome = BLOCKS_DISAGREE if len(set(block_outcomes.values())) > 1 else switch_outcome(combined)
+    outcome = Outcome.BLOCKS_DISAGREE if len(set(block_outcomes.values())) > 1 else switch_outcome(combined)
     return SwitchVerdict(outcome, combined, blocks, block_outcomes)
 
 

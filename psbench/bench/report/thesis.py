@@ -1,18 +1,17 @@
 """The thesis' findings set beside ours: each computed from a suite's records, with n, an
-interval and a verdict by a stated rule (reproduced / not reproduced / inconclusive), never typed in.
+interval and a verdict by a stated rule (claims.Verdict), never typed in. The papers' figures and the
+rules' bounds are in claims.py; each finding's statistics and rule in its own module, worded here:
 
-- kassela: per-mini-batch time falls with the mini-batch for the PS (>= 10x from 100 % to 1 %) and
-  barely for Spark MLlib (<= 1.5x), measured at the paper's data per core. Kassela et al., IEEE
-  BigData 2019: up to 14x vs at most 1.36x.
-- throughput: specialised systems deliver more samples/s than Spark's data-processing paths, like
-  for like (the thesis' abstract): PS BSP against spark-mllib and spark-barrier, by a margin
-  (bench/report/throughput_gap.py).
-- switch: Strategy-Switch reaches the target >= 1.3x sooner than its own sync system (the fastest),
-  with final accuracy within 0.5 pp. Provatas et al., IEEE Access 2025; Sync-Switch (ICDCS 2021).
-- sharding: stratified or distribution-aware shards lower the run-to-run variance of final metrics
-  (random's variance / the strategy's > 1), each strategy its own finding. Provatas et al., IEEE
-  BigData 2021: 8.48x on training accuracy (CIFAR-10, k = 30), 6.11x stratified on validation
-  (CIFAR-100 coarse), ~2x validation.
+- kassela (kassela.py): per-mini-batch time falls with the mini-batch for the PS and barely for
+  Spark MLlib, measured at the paper's data per core (Kassela et al., IEEE BigData 2019).
+- throughput (throughput_gap.py): specialised systems deliver more samples/s than Spark's
+  data-processing paths, like for like (the thesis' abstract): PS BSP against spark-mllib and
+  spark-barrier, by a margin.
+- switch (switching.py): Strategy-Switch reaches the target sooner than its own sync system (the
+  fastest), with final accuracy within a margin (Provatas et al., IEEE Access 2025; Sync-Switch, ICDCS 2021).
+- sharding (sharding.py): stratified or distribution-aware shards lower the run-to-run variance of
+  final metrics (random's variance / the strategy's > 1), each strategy its own finding (Provatas et
+  al., IEEE BigData 2021).
 
 `psbench thesis RESULTS_DIR` writes RESULTS_DIR/thesis.md over every suite there; a suite's report
 shows the findings its own records hold.
@@ -23,74 +22,28 @@ import argparse
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
 
-import numpy as np
 import pandas as pd
 
 from psbench.bench.harness import store
 from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, OnlyLostRuns, SuiteResults, load_suite,
                                             lost_left_out_line)
 from psbench.bench.report import measures
-from psbench.bench.report.plots import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, _strategy_order,
-                                        sharding_runs)
-from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP, switch_comparisons,
-                                            switch_verdict_table)
-from psbench.bench.report import stats, throughput_gap, variance_power
+from psbench.bench.report.switching import (SWITCH_ACC_PP, SWITCH_RULE, SWITCH_RULE_EXTRA, SWITCH_SPEEDUP,
+                                            switch_comparisons, switch_verdict_table)
+from psbench.bench.report import kassela as kassela_stats, sharding as sharding_stats, throughput_gap, variance_power
+from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH, THROUGHPUT, Verdict
 from psbench.bench.report.markdown import markdown_table
-from psbench.bench.report.stats import (Interval, VarianceRatio, paired_variance_ratio,
-                                        variance_ratio)
+from psbench.bench.report.stats import Interval
 from psbench.core.atomic import atomic_write_text
 from psbench.core.errors import ConfigError
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
-PS_FALL_MIN = 10.0      # the PS's per-mini-batch time falls at least this much over the range
-SPARK_FALL_MAX = 1.5    # Spark MLlib's at most this much
-PAPER_POINT_TOLERANCE = 0.25  # a measured data per core within 25 % of a paper setup's is measured "at" it
-SHARDING_EFFECT = 2.0   # the paper's smallest reported variance reduction (~2x on validation)
-ALPHA = 0.05
-
-PAPER = {
-    "kassela": "PS per-mini-batch time fell up to 14x as mini-batches shrank; Spark MLlib's at most 1.36x "
-               "(Kassela et al., IEEE BigData 2019)",
-    "throughput": "specialised architectures deliver substantially higher throughput than general-purpose "
-                  "data-processing frameworks at large scales (the thesis' abstract; a claim, no figure)",
-    "switch": "Strategy-Switch: accuracy comparable to synchronous all-reduce while training much faster "
-              "(Provatas et al., IEEE Access 2025); Sync-Switch: up to 5x faster to target (ICDCS 2021)",
-    "sharding": "variance of final metrics, random ÷ strategy: distribution-aware 8.48x on training accuracy "
-                "(CIFAR-10, k=30), ~2x on validation; stratified 6.11x on validation accuracy (CIFAR-100 "
-                "coarse) (Provatas et al., IEEE BigData 2021)",
-}
-TRAINED_FACTOR = 2.0  # a sharding comparison counts only if its runs learned: accuracy >= 2 x chance
-RULES = {
-    "kassela": f"with both sides on real compute (no emulated device), measured at the paper's data per core "
-               f"(a setup's rows per core within {PAPER_POINT_TOLERANCE:.0%}: 39k, its 141 x 2-vCPU VMs; 1.1 M, its 5 "
-               f"nodes): reproduced if at one of them the PS's fall 100 % → 1 % (paired by seed) has its 95% "
-               f"interval at or above {PS_FALL_MIN:g}x and every Spark MLlib native variant's at or below "
-               f"{SPARK_FALL_MAX:g}x; not reproduced if at each of them the PS's interval lies below {PS_FALL_MIN:g}x "
-               f"or every Spark variant's above {SPARK_FALL_MAX:g}x; else inconclusive. The fall to 0.01 % and the "
-               f"cost model's projections are shown, never the verdict; an emulated device is inconclusive by "
-               f"construction; runs that oversubscribed the cores are shown, never counted. The {measures.FALL_RULE}",
-    "throughput": throughput_gap.TWIN_RULE,  # stated where it is computed
-    "switch": f"reproduced if a switch variant whose sync phase is the fastest sync system has its time to target "
-              f"(training clock, hand-over on it) shown > {SWITCH_SPEEDUP:g}x sooner than that system's and its final "
-              f"validation accuracy shown within {SWITCH_ACC_PP:g} pp of it (both one-sided paired t tests at alpha "
-              f"{0.05:g}, Holm over the variants); not reproduced if every such variant that switched has its "
-              f"speed-up interval below {SWITCH_SPEEDUP:g}x or its accuracy interval below -{SWITCH_ACC_PP:g} pp; "
-              f"else inconclusive; and inconclusive whenever the pre-specified seed blocks disagree",
-    "sharding": f"per strategy (distribution-aware's k set per data set), one pre-specified family: its ratios of "
-                f"final training and validation accuracy (random ÷ strategy, paired by seed) over every data set and "
-                f"condition, at {ALPHA:g} ÷ the strategies, Holm within the family, by the paired Brown–Forsythe test "
-                f"(a paired t on absolute deviations from the median: it holds its level under the heavy tails final "
-                f"accuracies show); a rejected ratio's direction is its spread ratio's (random's mean absolute "
-                f"deviation ÷ the strategy's, squared), shown with its interval at {ALPHA:g} ÷ all ratios tested. "
-                f"A strategy is reproduced if some ratio is significantly less variable than random and none more; "
-                f"not reproduced if some is significantly more variable and none less (said so), or none is "
-                f"significant and every spread interval lies below {SHARDING_EFFECT:g}x; else inconclusive. Both "
-                f"powers are stated: to detect {SHARDING_EFFECT:g}x and to rule it out, simulated from the random "
-                f"runs' own tails. Comparisons whose runs stayed below {TRAINED_FACTOR:g}x chance accuracy are left "
-                f"out and named",
+RULES = {  # each stated where it is computed
+    "kassela": kassela_stats.RULE,
+    "throughput": throughput_gap.TWIN_RULE,
+    "switch": SWITCH_RULE,
+    "sharding": sharding_stats.RULE,
 }
 
 
@@ -99,7 +52,7 @@ class Finding:
     finding: str
     paper: str
     ours: str
-    verdict: str
+    verdict: Verdict
     rule: str
     suite: str
     seeds: int = 0  # the design's seeds a comparison, where several suites test the same finding
@@ -149,80 +102,6 @@ def conditions_text(res: SuiteResults) -> str:
 
 # ---- Kassela 2019: per-mini-batch time against the mini-batch ------------------------------------
 
-SPARK_NATIVE = "spark-mllib-native"  # MLlib's own trainer, as the paper ran it (every variant run)
-
-
-def _native_labels(res: SuiteResults) -> set[str]:
-    return set(res.runs.loc[res.runs["system"] == SPARK_NATIVE, "label"])
-
-
-def _emulated(res: SuiteResults) -> bool:
-    """Whether any run of the suite had an emulated device: then the two sides are not measured alike."""
-    return any((m.get("spec") or {}).get("emulate_device") for m in res.manifests.values())
-
-
-@dataclass(frozen=True)
-class KasselaFall:
-    """One system (variant) at one data per core: its fall 100 % → the paper's smallest fraction
-    (tested) and → the suite's smallest (shown), each paired by seed (measures.FALL_RULE)."""
-    label: str
-    system: str
-    workload: str
-    workers: int
-    rows_per_core: float
-    setup: str | None        # the paper setup this data per core matches, or None
-    fractions: tuple[float, float, float]  # largest, the tested smallest (~1 %: nan if none), the suite's smallest
-    tested: Interval | None  # fall to ~1 % (None: no batch near 1 %)
-    shown: Interval          # fall to the suite's smallest fraction
-    ms: tuple[float, float]  # mean ms per mini-batch at the largest and the tested smallest (else the smallest)
-    oversubscribed: bool = False  # any of its runs oversubscribed the cores: shown, never in the verdict
-
-
-def _paper_setup(rows_per_core: float) -> str | None:
-    from psbench.bench.report import cost_model
-
-    for name, rows, cores in cost_model.PAPER_SETUPS:
-        if abs(rows_per_core / (rows / cores) - 1) <= PAPER_POINT_TOLERANCE:
-            return name
-    return None
-
-
-def kassela_falls(res: SuiteResults) -> list[KasselaFall]:
-    """Every system's fall 100 % → ~1 % (the batch whose fraction is nearest the paper's 1 %, within
-    a factor 1.5) and → the suite's smallest fraction, per workload and worker count, with the data
-    per core (training rows ÷ workers: one worker a core)."""
-    from psbench.bench.report import cost_model
-
-    if res.runs.empty or res.steps.empty:
-        return []
-    fractions = measures.batch_fractions(res)
-    means = measures.run_step_means(res)
-    runs = res.runs[res.runs["run_id"].isin(means.dropna().index)]
-    out = []
-    for (label, workload, workers), group in runs.groupby(["label", "workload", "workers"], sort=True):
-        frac = fractions.reindex(group["run_id"]).to_numpy()
-        by_batch = pd.Series(frac, index=group["batch_size"].to_numpy()).groupby(level=0).median()
-        if len(by_batch) < 2 or not np.isfinite(by_batch.to_numpy()).all():
-            continue
-        largest = int(by_batch.index.max())
-        nearest = (np.log(by_batch / cost_model.PAPER_SMALLEST_FRACTION)).abs().drop(largest)
-        near = not nearest.empty and nearest.min() <= math.log(1.5)
-        small = int(nearest.idxmin()) if near else int(by_batch.index.min())
-        rows_per_core = float(largest / by_batch[largest])  # batch per worker ÷ its fraction of all rows
-        tested = measures.fall_ratio(group[group["batch_size"].isin([largest, small])], means) if near else None
-        shown = measures.fall_ratio(group, means)
-        ms = tuple(float(means.reindex(group.loc[group["batch_size"] == b, "run_id"]).mean()) * 1e3
-                   for b in (largest, small))
-        out.append(KasselaFall(label, str(group["system"].iloc[0]), workload, int(workers), rows_per_core,
-                               _paper_setup(rows_per_core),
-                               (float(by_batch[largest]), float(by_batch[small]) if near else math.nan,
-                                float(by_batch.min())),
-                               Interval(tested.n, tested.estimate, tested.lo, tested.hi) if tested else None,
-                               Interval(shown.n, shown.estimate, shown.lo, shown.hi), ms,
-                               bool(group["oversubscribed"].eq(True).any()) if "oversubscribed" in group else False))
-    return out
-
-
 def _per_core(rows: float) -> str:
     return f"{rows / 1e6:.2g} M" if rows >= 1e6 else f"{rows / 1e3:.3g}k"
 
@@ -242,56 +121,40 @@ def kassela(res: SuiteResults) -> Finding | None:
 
     if res.suite in cost_model.CHECK_SUITES.values():
         return None  # a check suite's falls are shown in the suite it checks, not a second verdict
-    every = kassela_falls(res)
+    every = kassela_stats.kassela_falls(res)
     shown = [f for f in every if f.tested is not None]
-    natives = _native_labels(res)
+    natives = kassela_stats.native_labels(res)
     if not any(f.system == "ps" for f in shown) or not any(f.label in natives for f in shown):
         return None
     falls = [f for f in shown if not f.oversubscribed]  # a verdict holds without oversubscribed runs
-    name = "per-mini-batch time falls with the mini-batch for the PS, not for Spark MLlib"
-    if _emulated(res):
+    name = KASSELA.finding
+    if kassela_stats.emulated(res):
         text = ("an emulated device paces one side and not the other: the fall is the device profile's, not the "
                 "systems' (bench/experiments/kassela.toml measures both on real compute)")
-        return Finding(name, PAPER["kassela"], text, INCONCLUSIVE, RULES["kassela"], res.suite,
+        return Finding(name, KASSELA.paper, text, Verdict.INCONCLUSIVE, RULES["kassela"], res.suite,
                        headline=_cell(text), decides="an emulated device on one side only")
-    # the tested points: a paper setup's data per core, with the PS and Spark's native trainer measured there
-    points: dict[str, tuple[KasselaFall, list[KasselaFall]]] = {}
-    for key in sorted({(f.workload, f.workers) for f in falls}):
-        here = [f for f in falls if (f.workload, f.workers) == key]
-        ps = next((f for f in here if f.label == "ps"), None)
-        spark = [f for f in here if f.label in natives]
-        if ps is not None and spark and ps.setup is not None:
-            points[ps.setup] = (ps, spark)
-    heads, holds, fails, why = [], [], [], []
-    for setup, (ps, spark) in points.items():
+    tests = kassela_stats.setup_tests(falls, natives)
+    heads, why = [], []
+    for t in tests.values():
+        ps, spark = t.ps, t.spark
         top = max(spark, key=lambda f: f.tested.hi if not math.isnan(f.tested.hi) else f.tested.estimate)
         heads.append(f"{_per_core(ps.rows_per_core)} rows/core: PS {_iv(ps.tested)}, Spark native up to {_iv(top.tested)}")
-        ps_holds, ps_fails = ps.tested.lo >= PS_FALL_MIN, ps.tested.hi < PS_FALL_MIN
-        spark_holds = all(f.tested.hi <= SPARK_FALL_MAX for f in spark)
-        spark_fails = all(f.tested.lo > SPARK_FALL_MAX for f in spark)
-        holds.append(ps_holds and spark_holds)
-        fails.append(ps_fails or spark_fails)
         at = _per_core(ps.rows_per_core)
-        why.append(f"{at}: PS lower bound {ps.tested.lo:.3g} {'≥' if ps_holds else '<'} {PS_FALL_MIN:g}x, Spark upper "
-                   f"{max(f.tested.hi for f in spark):.3g} {'≤' if spark_holds else '>'} {SPARK_FALL_MAX:g}x"
-                   if holds[-1] or not fails[-1] else
+        why.append(f"{at}: PS lower bound {ps.tested.lo:.3g} {'≥' if t.ps_holds else '<'} {KASSELA.ps_fall_min:g}x, "
+                   f"Spark upper {max(f.tested.hi for f in spark):.3g} {'≤' if t.spark_holds else '>'} "
+                   f"{KASSELA.spark_fall_max:g}x"
+                   if t.holds or not t.fails else
                    f"{at}: " + " and ".join(
-                       ([f"PS upper bound {ps.tested.hi:.3g} < {PS_FALL_MIN:g}x"] if ps_fails else [])
-                       + ([f"every Spark lower bound > {SPARK_FALL_MAX:g}x (least {min(f.tested.lo for f in spark):.3g})"]
-                          if spark_fails else [])))
-    all_setups = {name for name, _, _ in cost_model.PAPER_SETUPS}
-    if any(holds):
-        verdict = REPRODUCED
-    elif points and set(points) == all_setups and all(fails):
-        verdict = NOT_REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
-    n = sorted({f.tested.n for ps, spark in points.values() for f in [ps, *spark]})
+                       ([f"PS upper bound {ps.tested.hi:.3g} < {KASSELA.ps_fall_min:g}x"] if t.ps_fails else [])
+                       + ([f"every Spark lower bound > {KASSELA.spark_fall_max:g}x (least "
+                           f"{min(f.tested.lo for f in spark):.3g})"] if t.spark_fails else [])))
+    verdict = kassela_stats.verdict(tests)
+    n = sorted({f.tested.n for t in tests.values() for f in [t.ps, *t.spark]})
     n_text = f"n={n[0]}" if len(n) == 1 else f"n={n[0]}–{n[-1]}" if n else "n=0"
-    if points:
+    if tests:
         headline = _cell("; ".join(heads) + f" (100 → 1 %, {n_text})")
-        missing = sorted(all_setups - set(points))
-        decides = _cell("; ".join(why) + ("" if verdict != INCONCLUSIVE or not missing else
+        missing = sorted(kassela_stats.paper_setups() - set(tests))
+        decides = _cell("; ".join(why) + ("" if verdict != Verdict.INCONCLUSIVE or not missing else
                                           f"; not measured at {len(missing)} of the paper's setups"))
     elif any(f.setup is not None for f in shown if f.oversubscribed):
         headline = _cell("at the paper's data per core only runs that oversubscribed the cores: "
@@ -303,13 +166,14 @@ def kassela(res: SuiteResults) -> Finding | None:
         headline = _cell("not measured at the paper's data per core (39k or 1.1 M rows a core); measured at "
                          + ", ".join(sorted({_per_core(f.rows_per_core) for f in shown})) + " rows a core")
         decides = _cell("no measurement at a paper setup's data per core (within "
-                        f"{PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a verdict")
+                        f"{kassela_stats.PAPER_POINT_TOLERANCE:.0%}); the cost model's projection is shown, never a "
+                        "verdict")
     detail = _kassela_detail(res, every, natives)
-    return Finding(name, PAPER["kassela"], headline, verdict, RULES["kassela"], res.suite,
+    return Finding(name, KASSELA.paper, headline, verdict, RULES["kassela"], res.suite,
                    headline=headline, decides=decides, detail=detail)
 
 
-def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[str]) -> str:
+def _kassela_detail(res: SuiteResults, falls: list[kassela_stats.KasselaFall], natives: set[str]) -> str:
     """The section: the falls per data per core and system, the cost model's projections (shown),
     the check suite's falls (shown), the rule, the conditions."""
     from psbench.bench.report import cost_model
@@ -325,7 +189,7 @@ def _kassela_detail(res: SuiteResults, falls: list[KasselaFall], natives: set[st
                      f"{f.ms[0]:.3g} / {f.ms[1]:.3g} | {f.fractions[2]:.4%}: {_iv(f.shown)} |")
     check = cost_model.check_suite(res)
     if check is not None:
-        shown = kassela_falls(check)
+        shown = kassela_stats.kassela_falls(check)
         if shown:
             lines += ["", f"Shown, not a verdict ({check.suite}, the model's check at another data size): "
                       + "; ".join(f"{f.label} at {_per_core(f.rows_per_core)} rows a core, {f.fractions[0]:.0%} → "
@@ -353,7 +217,7 @@ def throughput(res: SuiteResults) -> Finding | None:
     tested = tg.verdict_twins(found)
     if all(t.missing for t in tested):
         return None  # no twin with both sides run: the suite is no throughput design (e.g. `systems`)
-    verdict = REPRODUCED if tg.holds(found) else NOT_REPRODUCED if tg.fails(found) else INCONCLUSIVE
+    verdict = Verdict.REPRODUCED if tg.holds(found) else Verdict.NOT_REPRODUCED if tg.fails(found) else Verdict.INCONCLUSIVE
     counted = [t for t in tested if t.counted and not math.isnan(t.ratio.lo)]
     missing = [t for t in tested if t.missing]
     crowded = [t for t in tested if t.oversubscribed]
@@ -417,8 +281,7 @@ def throughput(res: SuiteResults) -> Finding | None:
         f"counted): {'; '.join(ocs) if ocs else 'none'}.",
     ]))
     ours = headline + (f"; {decides}" if missing else "")
-    return Finding("specialised systems' throughput above Spark's data-processing paths, like for like",
-                   PAPER["throughput"], ours, verdict, RULES["throughput"], res.suite,
+    return Finding(THROUGHPUT.finding, THROUGHPUT.paper, ours, verdict, RULES["throughput"], res.suite,
                    headline=headline, decides=decides, detail=detail)
 
 
@@ -445,30 +308,27 @@ def switch(res: SuiteResults) -> Finding | None:
                      + (f"; never switched {c.never_switched}" if c.never_switched not in ("–", "0/0") else "")
                      + ("" if c.in_verdict or c.never_switched == "–" else
                         " (never acted: not in the verdict)" if not c.switched else f" ({sw.variant_role(c)})"))
-    verdict = {sw.HOLDS: REPRODUCED, sw.FAILS: NOT_REPRODUCED}.get(judged.outcome, INCONCLUSIVE)
+    verdict = {sw.Outcome.HOLDS: Verdict.REPRODUCED,
+               sw.Outcome.FAILS: Verdict.NOT_REPRODUCED}.get(judged.outcome, Verdict.INCONCLUSIVE)
     blocks = "; ".join(f"{name}: {outcome}" for name, outcome in judged.block_outcomes.items()) or "none judged"
     tested = [c for c in found if c.in_verdict]
     lead = max(tested or [c for c in found if not c.map_cell] or found, key=lambda c: c.speedup.estimate)
     headline = (f"{lead.variant} vs {lead.baseline}: {_fmt_ci(lead.speedup.interval)} sooner to "
                 f"{lead.target:.3f}, final acc {_fmt_ci(lead.accuracy_pp.interval, ' pp', 1)}")
-    if judged.outcome == sw.BLOCKS_DISAGREE:
+    if judged.outcome == sw.Outcome.BLOCKS_DISAGREE:
         decides = (f"the seed blocks disagree ({blocks}): needs more seeds, another block of {sw.BLOCK_SEEDS}")
-    elif judged.outcome == sw.HOLDS:
+    elif judged.outcome == sw.Outcome.HOLDS:
         decides = (f"a switch with {lead.baseline}'s sync phase shown > {SWITCH_SPEEDUP:g}x sooner and within "
                    f"{SWITCH_ACC_PP:g} pp after Holm; blocks: {blocks}")
     else:
         decides = (f"speed-up interval vs {SWITCH_SPEEDUP:g}x and accuracy interval vs -{SWITCH_ACC_PP:g} pp "
-                   f"({'both ruled out' if judged.outcome == sw.FAILS else 'not both shown'}); blocks: {blocks}")
-    return Finding("Strategy-Switch: sync accuracy, sooner to target", PAPER["switch"], "; ".join(parts + map_parts),
+                   f"({'both ruled out' if judged.outcome == sw.Outcome.FAILS else 'not both shown'}); blocks: {blocks}")
+    return Finding(SWITCH.finding, SWITCH.paper, "; ".join(parts + map_parts),
                    verdict, RULES["switch"] + ". " + SWITCH_RULE_EXTRA, res.suite,
                    headline=_cell(headline), decides=_cell(decides), detail=_switch_detail(res, judged, verdict))
 
 
-def _cell(text: str) -> str:
-    return text if len(text) <= SUMMARY_CELL else text[:SUMMARY_CELL - 1] + "…"
-
-
-def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
+def _switch_detail(res: SuiteResults, judged, verdict: Verdict) -> str:
     """The switch's section: per block and on all seeds, each variant against the fastest sync
     system; then what ran where."""
     from psbench.bench.report import switching as sw
@@ -495,7 +355,7 @@ def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
     target = point[0] if point else judged.combined[0]
     lines += ["", f"Outcome per block: {outcomes}; on all seeds: {sw.switch_outcome(judged.combined)}; "
                   f"verdict: {verdict}" + (" (the blocks disagree: needs more seeds)" if
-                                           judged.outcome == sw.BLOCKS_DISAGREE else "") + ".",
+                                           judged.outcome == sw.Outcome.BLOCKS_DISAGREE else "") + ".",
               f"Target {target.target:.3f} ({target.target_source}).",
               f"Conditions: device {', '.join(device)}; stragglers {', '.join(stragglers)}; "
               f"{', '.join(map(str, workers))} workers a phase on {', '.join(map(str, cores)) or '?'} cores ({per_core} workers per core; a switch "
@@ -506,210 +366,45 @@ def _switch_detail(res: SuiteResults, judged, verdict: str) -> str:
 
 # ---- sharding variance ---------------------------------------------------------------------------
 
-def sharding_variance_ratio(base: pd.DataFrame, other: pd.DataFrame, metric: str,
-                            spread_confidence: float | None = None) -> VarianceRatio:
-    """random's (`base`) variance of a final metric ÷ a strategy's (`other`), one value per seed:
-    paired over the seeds both ran when at least 3 did (the design: a seed fixes the initial
-    weights, batch order and split, so only the shards change; intervals over resampled seeds, the
-    paired Brown–Forsythe and Pitman–Morgan tests), otherwise as two independent samples over all
-    their seeds. `spread_confidence`: the level of the spread ratio's interval (the verdict's
-    corrected level)."""
-    a = base.dropna(subset=[metric]).groupby("seed")[metric].first()
-    b = other.dropna(subset=[metric]).groupby("seed")[metric].first()
-    seeds = sorted(set(a.index) & set(b.index))
-    if len(seeds) >= 3:
-        return paired_variance_ratio(a.loc[seeds].to_numpy(dtype=float), b.loc[seeds].to_numpy(dtype=float),
-                                     spread_confidence=spread_confidence)
-    return variance_ratio(a.to_numpy(dtype=float), b.to_numpy(dtype=float))
-
-
-def _comparisons(res: SuiteResults) -> Iterator[tuple[tuple, pd.DataFrame, str, pd.DataFrame, str, str]]:
-    """(configuration key, random's runs, strategy, its runs, metric, title) of every strategy run
-    alike beside random sharding."""
-    runs = sharding_runs(res.runs)
-    for key, group in runs.groupby(SHARDING_GROUP, sort=True):
-        base = group[group["sharding"] == "random"]
-        if base.empty:
-            continue
-        for strategy in _strategy_order(group["sharding"].unique()):
-            if strategy == "random":
-                continue
-            for metric, title in SHARDING_METRICS:
-                if metric in group.columns:
-                    yield key, base, strategy, group[group["sharding"] == strategy], metric, title
-
-
-def sharding_level(res: SuiteResults) -> tuple[float, int]:
-    """(Bonferroni level, ratios tested): the accuracies' ratios of comparisons whose runs learned."""
-    failed = untrained(res)
-    tested = sum(metric in SHARDING_TESTED and (key[0], key[4]) not in failed
-                 for key, _, _, _, metric, _ in _comparisons(res))
-    return ALPHA / max(1, tested), tested
-
-
-def random_residuals(runs: pd.DataFrame, left_out: Iterable[tuple[str, str]] = ()) -> np.ndarray:
-    """The random-shard runs' tested metrics, standardised per configuration and metric and pooled
-    (variance_power.standardised_residuals): the tails a design's power is simulated from, free of
-    any strategy's effect. `runs`: one row a run with the SHARDING_GROUP columns (a suite's, or the
-    pilot's table in results/pilot/); `left_out`: (workload, conditions) not to count."""
-    skip = set(left_out)
-    samples = [group.loc[group["sharding"] == "random", metric].to_numpy(dtype=float)
-               for key, group in runs.groupby(SHARDING_GROUP, sort=True) if (key[0], key[4]) not in skip
-               for metric in SHARDING_TESTED if metric in group.columns]
-    return variance_power.standardised_residuals(samples)
-
-
-def sharding_residuals(res: SuiteResults) -> np.ndarray:
-    """random_residuals of a suite's comparisons whose runs learned."""
-    return random_residuals(sharding_runs(res.runs), untrained(res))
-
-
-RATIO_COLUMNS = ["workload", "label", "workers", "batch_size", "conditions", "sharding", "metric", "tested", "seeds",
-                 "ratio", "lo", "hi", "spread", "spread_lo", "spread_hi", "p_bf_paired", "p_paired", "p_brown_forsythe",
-                 "p_f"]
-
-
-def sharding_ratios(res: SuiteResults) -> pd.DataFrame:
-    """Per configuration, strategy and final metric: random's variance ÷ the strategy's over the
-    seeds both ran (paired: only the shard assignment changed) with its 95% interval, and the
-    spread ratio with its interval at the verdict's corrected level and the paired tests."""
-    alpha, _ = sharding_level(res)
-    rows = []
-    for key, base, strategy, other, metric, title in _comparisons(res):
-        vr = sharding_variance_ratio(base, other, metric, spread_confidence=1 - alpha)
-        rows.append({"workload": key[0], "label": key[1], "workers": key[2], "batch_size": key[3],
-                     "conditions": key[4], "sharding": strategy,
-                     "metric": title, "tested": metric in SHARDING_TESTED,
-                     "seeds": vr.n_base, "ratio": vr.ratio, "lo": vr.lo, "hi": vr.hi,
-                     "spread": vr.spread_ratio, "spread_lo": vr.spread_lo, "spread_hi": vr.spread_hi,
-                     "p_bf_paired": vr.p_paired_brown_forsythe, "p_paired": vr.p_pitman_morgan,
-                     "p_brown_forsythe": vr.p_brown_forsythe, "p_f": vr.p_f})
-    return pd.DataFrame(rows, columns=RATIO_COLUMNS)
-
-
-def untrained(res: SuiteResults) -> dict[tuple[str, str], tuple[float, float]]:
-    """(workload, conditions) -> (mean final validation accuracy, chance) of the sharding comparisons
-    whose runs did not learn: below TRAINED_FACTOR x chance, chance = 1 / the classes in their shard
-    reports (a comparison with no shard report is not judged)."""
-    runs = sharding_runs(res.runs)
-    out: dict[tuple[str, str], tuple[float, float]] = {}
-    for (workload, conditions), group in runs.groupby(["workload", "conditions"]):
-        counts = res.shard_counts[res.shard_counts["run_id"].isin(group["run_id"])] if len(res.shard_counts) else None
-        classes = counts["class"].nunique() if counts is not None else 0
-        accuracy = float(pd.to_numeric(group["final_val_accuracy"], errors="coerce").mean())
-        if classes and not accuracy >= TRAINED_FACTOR / classes:
-            out[(workload, conditions)] = (accuracy, 1.0 / classes)
-    return out
-
-
-def strategy_family(sharding: str) -> str:
-    """distribution-aware:60 and :100 are one strategy whose k is set per data set, as in the paper."""
-    return sharding.split(":", 1)[0]
-
-
-@dataclass(frozen=True)
-class StrategyTest:
-    """One strategy's pre-specified family: its tested ratios over every data set and condition, Holm at
-    the family's level, the counts each way and its verdict by the sharding rule."""
-    family: str
-    ratios: pd.DataFrame    # sharding_ratios' rows of this strategy, with 'holm' (rejected) added
-    alpha: float            # the family's level: ALPHA ÷ the strategies tested
-    lower: int              # significantly less variable than random (the paper's direction)
-    higher: int             # significantly more variable
-    points_lower: int       # point estimates in the paper's direction (spread ratio > 1), significant or not
-    points_higher: int
-    verdict: str
-    reason: str
-
-
-def strategy_tests(ratios: pd.DataFrame) -> list[StrategyTest]:
-    """`ratios`: the tested ratios of comparisons whose runs learned (sharding_ratios' rows)."""
-    families = _strategy_order({strategy_family(s) for s in ratios["sharding"]})
-    alpha = ALPHA / max(1, len(families))
-    out = []
-    for family in families:
-        rows = ratios[[strategy_family(s) == family for s in ratios["sharding"]]].copy()
-        p = rows["p_bf_paired"].fillna(1.0).to_list()
-        rows["holm"] = stats.holm(p, alpha)
-        lower = int((rows["holm"] & (rows["spread"] > 1)).sum())
-        higher = int((rows["holm"] & (rows["spread"] < 1)).sum())
-        if lower and higher:
-            verdict, reason = INCONCLUSIVE, "ratios significant both ways: the effect depends on the data"
-        elif lower:
-            verdict, reason = REPRODUCED, f"{lower} ratio(s) significantly less variable than random, none more"
-        elif higher:
-            verdict, reason = NOT_REPRODUCED, f"more variable than random: {higher} ratio(s) significant, none lower"
-        elif (rows["spread_hi"] < SHARDING_EFFECT).all():
-            verdict, reason = NOT_REPRODUCED, f"no ratio significant and every upper bound below {SHARDING_EFFECT:g}x"
-        else:
-            reaching = int((rows["spread_hi"] >= SHARDING_EFFECT).sum())
-            verdict, reason = INCONCLUSIVE, (f"no ratio significant; {reaching} of {len(rows)} upper bounds still "
-                                             f"reach {SHARDING_EFFECT:g}x")
-        out.append(StrategyTest(family, rows, alpha, lower, higher, int((rows["spread"] > 1).sum()),
-                                int((rows["spread"] < 1).sum()), verdict, reason))
-    return out
-
-
-SHARDING_FINDING = "{} shards lower run-to-run variance"
-SHARDING_PAPER = {
-    "stratified": "stratified shards: validation-accuracy variance 6.11x lower than random (CIFAR-100 coarse, 5 runs "
-                  "a strategy; Provatas et al., IEEE BigData 2021)",
-    "distribution-aware": "distribution-aware shards: training-accuracy variance 8.48x lower than random (CIFAR-10, "
-                          "k=30), ~2x on validation (5 runs a strategy; Provatas et al., IEEE BigData 2021)",
-}
-
-
 def _sharding_where(r: pd.Series) -> str:
     return f"{r['workload']}, {r['conditions']}"
 
 
-def _sharding_table(test: StrategyTest) -> str:
-    lines = ["| data | conditions | k | final metric | var ratio [95% CI] | spread ratio [corrected CI] | "
-             "paired B–F p | Holm |", "|---|---|---|---|---|---|---|---|"]
-    for _, r in test.ratios.iterrows():
-        k = r["sharding"].split(":", 1)[1] if ":" in r["sharding"] else "–"
-        lines.append(f"| {r['workload']} | {r['conditions']} | {k} | {r['metric']} | "
-                     f"{r['ratio']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | "
-                     f"{r['spread']:.2f} [{r['spread_lo']:.2f}, {r['spread_hi']:.2f}] | {r['p_bf_paired']:.3g} | "
-                     f"{'rejects' if r['holm'] else '–'} |")
-    return "\n".join(lines)
-
-
 def sharding(res: SuiteResults) -> list[Finding] | None:
     """One finding per strategy (the paper's claims are per strategy), each its own pre-specified family."""
-    ratios = sharding_ratios(res).dropna(subset=["ratio"])
+    ratios = sharding_stats.sharding_ratios(res).dropna(subset=["ratio"])
     ratios = ratios[ratios["tested"].astype(bool)]
     if ratios.empty:
         return None
-    failed = untrained(res)
+    failed = sharding_stats.untrained(res)
     idle = [f"{w} ({c}): mean final validation accuracy {acc:.3f}, chance {chance:.3f}: the runs did not learn, "
             f"left out" for (w, c), (acc, chance) in failed.items()]
     ratios = ratios[[(w, c) not in failed for w, c in zip(ratios["workload"], ratios["conditions"])]]
     if ratios.empty:
-        return [Finding("smarter sharding lowers run-to-run variance", PAPER["sharding"], "; ".join(idle),
-                        INCONCLUSIVE, RULES["sharding"], res.suite, headline="every comparison's runs did not learn",
+        return [Finding(SHARDING_ANY, SHARDING.paper, "; ".join(idle),
+                        Verdict.INCONCLUSIVE, RULES["sharding"], res.suite, headline="every comparison's runs did not learn",
                         decides="; ".join(idle)[:SUMMARY_CELL])]
-    pool = sharding_residuals(res)
+    pool = sharding_stats.sharding_residuals(res)
     seeds = int(ratios["seeds"].min())
-    level = 1 - sharding_level(res)[0]  # the spread intervals' corrected level
+    level = 1 - sharding_stats.sharding_level(res)[0]  # the spread intervals' corrected level
     conditions = conditions_text(res)
     out = []
-    for test in strategy_tests(ratios):
+    for test in sharding_stats.strategy_tests(ratios):
         m = len(test.ratios)
         per_ratio = test.alpha / m
         best = test.ratios.loc[test.ratios["spread"].idxmax()]
         worst = test.ratios.loc[test.ratios["spread"].idxmin()]
         counts = (f"{test.points_lower} of {m} ratios point the paper's way, {test.points_higher} the other; "
                   f"significant (Holm at {test.alpha:.3g}): {test.lower} lower, {test.higher} higher")
-        detect = variance_power.tail_power(pool, seeds, per_ratio, SHARDING_EFFECT)
-        rule_out = variance_power.rule_out_power(pool, seeds, level, SHARDING_EFFECT, m)
-        power = [f"to detect {SHARDING_EFFECT:g}x: "
+        powers = sharding_stats.strategy_power(pool, seeds, test, level)
+        detect, rule_out = powers.detect, powers.rule_out
+        power = [f"to detect {SHARDING.effect:g}x: "
                  + (detect.text() if detect else f"{seeds} seeds a strategy; {variance_power.TOO_FEW_TAILS} "
                                                  f"({len(pool)}; {variance_power.MIN_POOL} needed)")
                  + f"; were the metrics normal, an F test would detect "
-                 f"{variance_power.detectable_ratio(seeds, seeds, per_ratio):.2f}x and {SHARDING_EFFECT:g}x would "
-                 f"need {variance_power.seeds_label(SHARDING_EFFECT, per_ratio)} seeds",
-                 f"to rule {SHARDING_EFFECT:g}x out: "
+                 f"{variance_power.detectable_ratio(seeds, seeds, per_ratio):.2f}x and {SHARDING.effect:g}x would "
+                 f"need {variance_power.seeds_label(SHARDING.effect, per_ratio)} seeds",
+                 f"to rule {SHARDING.effect:g}x out: "
                  + (rule_out.text() + " (delta-method bounds)" if rule_out else variance_power.TOO_FEW_TAILS)]
         headline = (f"spread ratio {best['spread']:.2f}x [{best['spread_lo']:.2f}, {best['spread_hi']:.2f}] at most, "
                     f"{worst['spread']:.2f}x [{worst['spread_lo']:.2f}, {worst['spread_hi']:.2f}] at least "
@@ -717,7 +412,7 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
         detail = "\n".join([
             f"{counts}. Largest: {best['metric']} ({_sharding_where(best)}); smallest: {worst['metric']} "
             f"({_sharding_where(worst)}). Ratios are random ÷ {test.family}: above 1 is the paper's direction.", "",
-            _sharding_table(test), "",
+            sharding_stats.strategy_table(test), "",
             "Power " + "; power ".join(power) + ".", "",
             "The paper's design: " + variance_power.paper_design_text() + "."
             + ("" if not detect else " With tails like ours, the largest of its 12 null ratios reaches "
@@ -725,7 +420,7 @@ def sharding(res: SuiteResults) -> list[Finding] | None:
                            for r in variance_power.PAPER_RATIOS) + "."),
             "", conditions] + [f"- {i}" for i in idle])
         ours = f"{counts}; {headline}; power " + "; power ".join(power) + ("; " + "; ".join(idle) if idle else "")
-        out.append(Finding(SHARDING_FINDING.format(test.family), SHARDING_PAPER.get(test.family, PAPER["sharding"]),
+        out.append(Finding(SHARDING.finding.format(test.family), SHARDING.per_strategy(test.family) or SHARDING.paper,
                            ours, test.verdict, RULES["sharding"], res.suite, seeds, headline=headline,
                            decides=test.reason, detail=detail))
     return out
@@ -784,9 +479,6 @@ def collect(results_dir: Path, quick: bool = False, include_lost: bool = False) 
     return found, left_out
 
 
-SUBSET = "shown, not the verdict"
-
-
 def one_verdict_each(found: list[Finding]) -> list[Finding]:
     """Where several suites test one finding by seeded designs (make bench's 20-seed sharding suite
     and the powered one), the design with the most seeds gives the verdict; a smaller one stays in
@@ -799,7 +491,7 @@ def one_verdict_each(found: list[Finding]) -> list[Finding]:
     for f in found:
         top = most.get(f.finding)
         if f.seeds and top is not None and f is not top:
-            f = replace(f, verdict=SUBSET, ours=f"a smaller design ({f.seeds} seeds a comparison; the verdict is "
+            f = replace(f, verdict=Verdict.SUBSET, ours=f"a smaller design ({f.seeds} seeds a comparison; the verdict is "
                         f"{top.suite}'s, {top.seeds}); by itself: {f.verdict}; " + f.ours,
                         decides=f"a smaller design ({f.seeds} seeds); {top.suite}'s {top.seeds} give the verdict; "
                                 f"by itself: {f.verdict}")

@@ -24,9 +24,10 @@ import pandas as pd
 
 from psbench.bench.harness.results import SuiteResults
 from psbench.bench.report import measures
+from psbench.bench.report.claims import THROUGHPUT
 from psbench.bench.report.stats import Interval, paired_log_ratio_t, paired_t
 
-MARGIN = 1.2  # "substantially higher": a twin's interval must clear 1.2x, not merely 1
+MARGIN = THROUGHPUT.margin  # "substantially higher": a twin's interval must clear it, not merely 1
 
 VERDICT, LAUNCHER, BESIDE = "verdict", "launcher", "beside"
 PS_BSP, PS_ASP = "ps (bsp)", "ps (asp)"

@@ -25,13 +25,14 @@ from typing import Iterable
 import numpy as np
 from scipy import stats as sps
 
+from psbench.bench.report.claims import SHARDING
 from psbench.bench.report.stats import abs_deviations
 
 POWER = 0.8
 ALPHA = 0.05
-PAPER_RUNS = 5                     # runs per strategy in the paper
+PAPER_RUNS = SHARDING.runs         # runs per strategy in the paper
 PAPER_DATASETS, PAPER_STRATEGIES, PAPER_METRICS = 3, 4, 4
-PAPER_RATIOS = (8.48, 6.11)        # distribution-aware on training accuracy; stratified on validation accuracy
+PAPER_RATIOS = (SHARDING.distribution_aware, SHARDING.stratified)  # on training and validation accuracy
 MAX_SEEDS = 2000                   # seeds_for looks no further
 
 
