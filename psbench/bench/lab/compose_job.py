@@ -128,9 +128,9 @@ def run_job(args: argparse.Namespace) -> Path:
     from psbench.core.exposure import TOKEN_ENV, check_exposure, split_address, token_from_args
     import psutil
 
-    from psbench.systems.ps.worker import _spec
+    from psbench.systems.ps.worker import spec_from_args
 
-    spec = _spec(args)
+    spec = spec_from_args(args)
     kind, _ = parse_consistency(args.consistency)
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     token = token_from_args(args)

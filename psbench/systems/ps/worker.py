@@ -488,7 +488,8 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir")
 
 
-def _spec(args: argparse.Namespace):
+def spec_from_args(args: argparse.Namespace):
+    """The run a worker command line describes: its --spec-json, or the flags of a hand-started worker."""
     from psbench.core.spec import RunSpec
     from psbench.core.errors import ConfigError
 
@@ -525,7 +526,7 @@ def _main(args: argparse.Namespace) -> int:
 
     configure_threads(1)
     watch_launcher(or_parent=False)  # started by hand (no launcher pid): stays
-    spec = _spec(args)
+    spec = spec_from_args(args)
     worker_id = parse_worker_id(args.worker_id, spec.workers)
     token = token_from_args(args)
     addresses = [a.strip() for a in args.servers.split(",") if a.strip()]
