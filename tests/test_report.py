@@ -9,8 +9,8 @@ import pytest
 
 from psbench.bench.cli import main
 from psbench.bench.report.plots import PALETTE, PLOTS, Styles, system_colour
-from psbench.bench.report.document import build_report, peers_table
-from psbench.bench.report.tables import sharding_table, summary_table
+from psbench.bench.report.document import build_report
+from psbench.bench.report.tables import peers_table, sharding_table, summary_table
 from psbench.bench.harness.results import load_suite
 from psbench.bench.report.measures import annotate
 from psbench.core.records import STEP_TIME_COLUMNS

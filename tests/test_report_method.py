@@ -15,8 +15,9 @@ from psbench.core.tables import read_table, table_file
 
 from psbench.bench.harness.results import load_suite
 from psbench.bench.report import measures
-from psbench.bench.report.document import build_report, compose, switch_table, thesis_table, warnings_text
-from psbench.bench.report.tables import _ci, accuracy_table, breakdown_table, runs_table, sharding_table, summary_table
+from psbench.bench.report.document import build_report, compose, warnings_text
+from psbench.bench.report.tables import (_ci, accuracy_table, breakdown_table, runs_table, sharding_table, summary_table,
+                                          switch_table, thesis_table)
 from psbench.bench.report.plots import time_breakdown
 from psbench.bench.report.stats import bootstrap_ci, mlperf_time_to_target
 from psbench.core.spec import RunSpec

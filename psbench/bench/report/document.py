@@ -11,21 +11,17 @@ import base64
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from psbench.core.atomic import atomic_write_text
-from psbench.systems import SYNC, known_as, names_where
 from psbench.bench.report import cost_model, measures, switching, tables, throughput_gap, variance_power
 from psbench.bench.report import thesis as thesis_findings
-from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH
-from psbench.bench.report.markdown import fmt_cell as _fmt, frame_strings as _frame_strings, markdown_table
-from psbench.bench.report.markdown import missing as _missing
+from psbench.bench.report.claims import KASSELA
+from psbench.bench.report.markdown import frame_strings as _frame_strings, markdown_table
 from psbench.bench.report.plots import draw_all
-from psbench.bench.report.stats import CONFIDENCE, N_BOOT, mlperf_time_to_target
-from psbench.bench.report.tables import with_ci
+from psbench.bench.report.stats import CONFIDENCE, N_BOOT
 from psbench.bench.harness.results import INCLUDE_LOST_FLAG, SuiteResults, load_suite, lost_left_out_line
 
 PLOT_CAPTIONS = {
@@ -94,177 +90,6 @@ def build_report(suite_dir: Path | str, include_lost: bool = False) -> Report:
         falls = cost_model.predicted_falls(fits, cost_model.checked_labels(check))
         atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite, falls))
     return Report(res.path, md_path, html_path, plots, lost_left_out_line(len(res.lost_left_out), f"suite {res.suite}"))
-
-
-# ---- the tables that read system names: Strategy-Switch roles, the peer servers ----------------
-
-SWITCH_SYSTEMS = known_as("switch")
-SYNC_SYSTEMS = names_where(synchrony=SYNC)
-PS_DEFAULT_CONSISTENCY = "asp"  # systems/ps/adapter.py PSOptions.consistency
-
-PEERS = names_where(peer_of="ps")  # the peer parameter servers set beside ours (the goal: ps >= 2x each at 4 workers)
-
-
-def peers_table(res: SuiteResults) -> pd.DataFrame:
-    """Our PS beside the peer parameter servers run alike (workload, consistency, shards, batch, workers):
-    mean samples/s over seeds, ps ÷ each peer, and time to the workload's target accuracy."""
-    runs = res.runs[res.runs["system"].isin(("ps",) + PEERS)]
-    if not runs["system"].isin(PEERS).any():
-        return pd.DataFrame()
-    runs = runs.assign(consistency=runs.get("opt_consistency", pd.Series("asp", index=runs.index)).fillna("asp"),
-                       servers=runs.get("opt_servers", pd.Series(1, index=runs.index)).fillna(1).astype(int))
-    rows = []
-    keys = ["workload", "consistency", "servers", "batch_size", "workers"]
-    for key, group in runs.groupby(keys, sort=True):
-        speed = group.groupby("system")["samples_per_s"].mean()
-        ttt = group.groupby("system")["time_to_target_s"].mean() if "time_to_target_s" in group else {}
-        row: dict[str, Any] = dict(zip(["workload", "consistency", "servers", "batch/worker", "workers"], key))
-        for system in ("ps",) + PEERS:
-            row[f"{system} samples/s"] = speed.get(system)
-        for peer in PEERS:
-            row[f"ps ÷ {peer}"] = _ratio_of(speed.get("ps"), speed.get(peer))
-        for system in ("ps",) + PEERS:
-            row[f"{system} time to target (s)"] = ttt.get(system)
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def _ratio_of(a: Any, b: Any) -> float | None:
-    return None if _missing(a) or _missing(b) or not b else a / b
-
-
-def role(run: pd.Series) -> str | None:
-    """'switch', 'sync' or 'async': what a run is in the Strategy-Switch comparison (None: neither)."""
-    if run["system"] in SWITCH_SYSTEMS:
-        return "switch"
-    consistency = run.get("opt_consistency")
-    if run["system"] == "ps" or isinstance(consistency, str):
-        consistency = consistency if isinstance(consistency, str) else PS_DEFAULT_CONSISTENCY
-        return "sync" if consistency == "bsp" else "async"
-    return "sync" if run["system"] in SYNC_SYSTEMS else None
-
-
-def _phase(run: pd.Series) -> tuple[str, str | None]:
-    """(system, consistency) of a pure run, as a switch run's phases are named."""
-    consistency = run.get("opt_consistency")
-    if run["system"] == "ps":
-        return "ps", consistency if isinstance(consistency, str) else PS_DEFAULT_CONSISTENCY
-    return run["system"], None
-
-
-def _switch_phases(run: pd.Series) -> dict[str, tuple[str, str | None]]:
-    """The pure runs a switch run's phases are: sync ddp or ps bsp, async ps with its consistency."""
-    sync = run.get("opt_sync") if isinstance(run.get("opt_sync"), str) else "ddp"
-    async_ = run.get("opt_async_consistency")
-    async_ = async_ if isinstance(async_, str) else "asp"
-    return {"sync": ("ps", "bsp") if sync == "ps-bsp" else ("ddp", None), "async": ("ps", async_)}
-
-
-def switch_runs(res: SuiteResults) -> pd.DataFrame:
-    """Strategy-Switch runs and the pure sync and async runs set up alike (same workload, workers,
-    batch size, sharding and conditions), with their role."""
-    runs = measures.annotate(res).runs
-    switched = runs[runs["system"].isin(SWITCH_SYSTEMS)]
-    if switched.empty:
-        return switched
-    alike = ["workload", "workers", "batch_size", "sharding", "conditions"]
-    runs = runs.merge(switched[alike].drop_duplicates(), on=alike)
-    runs["role"] = runs.apply(role, axis=1)
-    return runs[runs["role"].notna()]
-
-
-def switch_table(res: SuiteResults) -> pd.DataFrame:
-    runs = switch_runs(res)
-    rows = []
-    for key, group in runs.groupby(["workload", "label", "workers", "conditions"], sort=True):
-        tta = mlperf_time_to_target(group["tta_with_costs_s"].tolist())
-        sw = group["switch_t_wall"].dropna()
-        is_switch = group["role"].iloc[0] == "switch"
-        row: dict[str, Any] = {"workload": key[0], "system": key[1], "role": group["role"].iloc[0],
-                               "workers": key[2], "conditions": key[3], "runs": len(group),
-                               "switched": f"{len(sw)}/{len(group)}" if is_switch else "–"}
-        with_ci(row, "switch at (s)", sw)
-        with_ci(row, "hand-over (s)", group["handover_s"])
-        row["time to target incl. costs (s)"] = tta.value
-        row["spread (s)"] = "–" if tta.fastest is None else f"{_fmt(tta.fastest)} – {_fmt(tta.slowest)}"
-        row["reached target"] = f"{tta.reached}/{tta.n}"
-        with_ci(row, "train time (s)", group["train_s"])
-        with_ci(row, "final val acc", group.get("final_val_accuracy"))
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
-                 switch: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    if not batch.empty:
-        ours = "; ".join(f"{r['system']}{_where(r)}: {r['cost fall (largest ÷ smallest)']:.2f}x "
-                         f"(batch {r['largest batch']}→{r['smallest batch']})" for _, r in batch.iterrows())
-        rows.append({"claim": "per-mini-batch cost falls as batches shrink", "thesis": KASSELA.paper,
-                     "ours": ours})
-    if not sharding.empty:
-        parts = []
-        for strategy, g in sharding[sharding["sharding"] != "random"].groupby("sharding", sort=False):
-            found = [text for split, name in (("train", "training"), ("val", "validation"))
-                     if (text := _max_ratio(g, split, name))]
-            parts.append(f"{strategy}: " + ", ".join(found) if found else f"{strategy}: no ratio (too few seeds)")
-        rows.append({"claim": SHARDING_ANY, "thesis": SHARDING.paper,
-                     "ours": "; ".join(parts) or "only random sharding in this suite"})
-    if not switch.empty and (switch["role"] == "switch").any():
-        rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": SWITCH.paper,
-                     "ours": "; ".join(_switch_verdicts(res, switch))})
-    return pd.DataFrame(rows)
-
-
-def _switch_verdicts(res: SuiteResults, switch: pd.DataFrame) -> list[str]:
-    """Each switch variant against pure sync and pure async runs set up alike, never against
-    another switch variant; the baseline matching the switch's own phases comes first."""
-    parts = []
-    first_run = res.runs.drop_duplicates("label").set_index("label")
-    for _, g in switch.groupby(["workload", "workers", "conditions"], sort=True):
-        for _, sw in g[g["role"] == "switch"].iterrows():
-            phases = _switch_phases(first_run.loc[sw["system"]])
-            never = " (criterion never fired: sync throughout)" if str(sw["switched"]).startswith("0/") else ""
-            for kind in ("sync", "async"):
-                pure = g[g["role"] == kind]
-                if pure.empty:
-                    parts.append(f"{sw['system']}{_where(sw)} vs pure {kind}: no pure {kind} run set up alike "
-                                 "in this suite")
-                    continue
-                matching = [i for i, r in pure.iterrows() if _phase(first_run.loc[r["system"]]) == phases[kind]]
-                other = pure.loc[matching[0]] if matching else pure.iloc[0]
-                acc = _diff(sw["final val acc"], other["final val acc"])
-                speed = _ratio(other["time to target incl. costs (s)"], sw["time to target incl. costs (s)"])
-                parts.append(f"{sw['system']}{_where(sw)}{never} vs pure {kind} {other['system']}: final val acc "
-                             f"{acc}, time to target {speed}")
-    return parts
-
-
-def _where(row: pd.Series) -> str:
-    return f" ({row['workload']}, {row['workers']} workers)"
-
-
-def _max_ratio(group: pd.DataFrame, split: str, name: str) -> str:
-    """The largest variance ratio over the split's metrics, with its interval and p-values."""
-    rows = group[group["metric"].str.startswith(name) & group["var ratio (random ÷ this)"].notna()]
-    rows = rows[np.isfinite(rows["var ratio (random ÷ this)"].astype(float))]
-    if rows.empty:
-        return ""
-    r = rows.loc[rows["var ratio (random ÷ this)"].astype(float).idxmax()]
-    return (f"up to {_fmt(r['var ratio (random ÷ this)'])}x ({r['metric']}; 95% CI {r['ratio 95% CI']}, "
-            f"paired Brown–Forsythe p={_fmt(r['p (paired Brown–Forsythe)'])}, {r['seeds']} seeds)")
-
-
-def _diff(a: Any, b: Any) -> str:
-    if _missing(a) or _missing(b):
-        return "n/a"
-    return f"{a:.3f} vs {b:.3f} ({a - b:+.3f})"
-
-
-def _ratio(slow: Any, fast: Any) -> str:
-    if _missing(slow) or _missing(fast) or fast <= 0:
-        return "n/a (target not reached by both)"
-    return f"{slow / fast:.2f}x faster" if slow >= fast else f"{fast / slow:.2f}x slower"
 
 
 # ---- composing -----------------------------------------------------------------------------
@@ -341,7 +166,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
             blocks.append(Block("p", " ".join(t for t in (intro, note) if t)))
         blocks.append(Block("table", table=frame))
 
-    batch, sharding, switch = tables.batch_sweep_table(res), tables.sharding_table(res), switch_table(res)
+    batch, sharding, switch = tables.batch_sweep_table(res), tables.sharding_table(res), tables.switch_table(res)
     breakdown = tables.breakdown_table(res)
     untold = sorted(set(res.runs["label"]) - set(breakdown["system"] if len(breakdown) else []))
     fits = cost_model.suite_fits(res) if fits is None else fits
@@ -353,7 +178,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
     table("accuracy", tables.accuracy_table(res))
     table("verdicts", thesis_findings.findings_table(thesis_findings.findings(res)))
     table("switch_verdict", switching.switch_verdict_table(comparisons) if comparisons else pd.DataFrame())
-    table("thesis", thesis_table(res, batch, sharding, switch))
+    table("thesis", tables.thesis_table(res, batch, sharding, switch))
     table("breakdown", breakdown, untold=f"No breakdown recorded for: {', '.join(untold)}." if untold else "")
     table("batch_sweep", batch)
     table("fall", tables.fall_table(res))
@@ -364,7 +189,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
           cost_model.predicted_falls_table(cost_model.predicted_falls(fits, cost_model.checked_labels(check))))
     table("twins", throughput_gap.twin_table(throughput_gap.twins(res)))
     table("exchanges", throughput_gap.exchange_table(res))
-    table("peers", peers_table(res))
+    table("peers", tables.peers_table(res))
     table("staleness", tables.staleness_table(res))
     table("sharding", sharding, power=tables.sharding_power_text(res, sharding),
           paper_design=variance_power.paper_design_text() + "." if not sharding.empty else "")

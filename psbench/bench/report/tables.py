@@ -1,7 +1,6 @@
 """A suite report's tables, one builder each (a frame per configuration, with n and intervals), and
 the captions above them as data: document.py composes them into the report in its outline's order.
-The tables of the Strategy-Switch roles and of the peer parameter servers stay in document.py beside
-the system names they read."""
+The Strategy-Switch roles and the peer parameter servers are read off the registry's system facts."""
 from __future__ import annotations
 
 import json
@@ -13,15 +12,17 @@ import numpy as np
 import pandas as pd
 
 from psbench.core.records import STEP_TIME_COLUMNS
+from psbench.systems import SYNC, known_as, names_where
 from psbench.bench.harness.results import SuiteResults
 from psbench.bench.report import cost_model, measures, switching, throughput_gap, variance_power
 from psbench.bench.report import sharding as sharding_stats
-from psbench.bench.report.claims import KASSELA, SHARDING
+from psbench.bench.report.claims import KASSELA, SHARDING, SHARDING_ANY, SWITCH
 from psbench.bench.report.markdown import fmt_cell as _fmt, missing as _missing
 from psbench.bench.report.plots import baseline_runs, breakdown_groups, throughput_column
 from psbench.bench.report.sharding import (SHARDING_GROUP, SHARDING_METRICS, SHARDING_TESTED, sharding_runs,
                                            strategy_order)
 from psbench.bench.report.stats import Interval, bootstrap_ci, mlperf_time_to_target, ratio_ci
+from psbench.bench.report.throughput_gap import PS_DEFAULT_CONSISTENCY
 
 
 @dataclass(frozen=True)
@@ -439,6 +440,176 @@ def bytes_table(res: SuiteResults) -> pd.DataFrame:
         rows.append({"system": system, "bytes column": measures.bytes_source(
             system, res.manifests.get(group["run_id"].iloc[0]))})
     return pd.DataFrame(rows)
+
+
+# ---- the Strategy-Switch roles and the peer servers: tables that read the registry's system facts ----
+
+SWITCH_SYSTEMS = known_as("switch")
+SYNC_SYSTEMS = names_where(synchrony=SYNC)
+PEERS = names_where(peer_of="ps")  # the peer parameter servers set beside ours (the goal: ps >= 2x each at 4 workers)
+
+
+def peers_table(res: SuiteResults) -> pd.DataFrame:
+    """Our PS beside the peer parameter servers run alike (workload, consistency, shards, batch, workers):
+    mean samples/s over seeds, ps ÷ each peer, and time to the workload's target accuracy."""
+    runs = res.runs[res.runs["system"].isin(("ps",) + PEERS)]
+    if not runs["system"].isin(PEERS).any():
+        return pd.DataFrame()
+    runs = runs.assign(consistency=runs.get("opt_consistency", pd.Series(PS_DEFAULT_CONSISTENCY, index=runs.index))
+                       .fillna(PS_DEFAULT_CONSISTENCY),
+                       servers=runs.get("opt_servers", pd.Series(1, index=runs.index)).fillna(1).astype(int))
+    rows = []
+    keys = ["workload", "consistency", "servers", "batch_size", "workers"]
+    for key, group in runs.groupby(keys, sort=True):
+        speed = group.groupby("system")["samples_per_s"].mean()
+        ttt = group.groupby("system")["time_to_target_s"].mean() if "time_to_target_s" in group else {}
+        row: dict[str, Any] = dict(zip(["workload", "consistency", "servers", "batch/worker", "workers"], key))
+        for system in ("ps",) + PEERS:
+            row[f"{system} samples/s"] = speed.get(system)
+        for peer in PEERS:
+            row[f"ps ÷ {peer}"] = _ratio_of(speed.get("ps"), speed.get(peer))
+        for system in ("ps",) + PEERS:
+            row[f"{system} time to target (s)"] = ttt.get(system)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ratio_of(a: Any, b: Any) -> float | None:
+    return None if _missing(a) or _missing(b) or not b else a / b
+
+
+def role(run: pd.Series) -> str | None:
+    """'switch', 'sync' or 'async': what a run is in the Strategy-Switch comparison (None: neither)."""
+    if run["system"] in SWITCH_SYSTEMS:
+        return "switch"
+    consistency = run.get("opt_consistency")
+    if run["system"] == "ps" or isinstance(consistency, str):
+        consistency = consistency if isinstance(consistency, str) else PS_DEFAULT_CONSISTENCY
+        return "sync" if consistency == "bsp" else "async"
+    return "sync" if run["system"] in SYNC_SYSTEMS else None
+
+
+def _phase(run: pd.Series) -> tuple[str, str | None]:
+    """(system, consistency) of a pure run, as a switch run's phases are named."""
+    consistency = run.get("opt_consistency")
+    if run["system"] == "ps":
+        return "ps", consistency if isinstance(consistency, str) else PS_DEFAULT_CONSISTENCY
+    return run["system"], None
+
+
+def _switch_phases(run: pd.Series) -> dict[str, tuple[str, str | None]]:
+    """The pure runs a switch run's phases are: sync ddp or ps bsp, async ps with its consistency."""
+    sync = run.get("opt_sync") if isinstance(run.get("opt_sync"), str) else "ddp"
+    async_ = run.get("opt_async_consistency")
+    async_ = async_ if isinstance(async_, str) else "asp"
+    return {"sync": ("ps", "bsp") if sync == "ps-bsp" else ("ddp", None), "async": ("ps", async_)}
+
+
+def switch_runs(res: SuiteResults) -> pd.DataFrame:
+    """Strategy-Switch runs and the pure sync and async runs set up alike (same workload, workers,
+    batch size, sharding and conditions), with their role."""
+    runs = measures.annotate(res).runs
+    switched = runs[runs["system"].isin(SWITCH_SYSTEMS)]
+    if switched.empty:
+        return switched
+    alike = ["workload", "workers", "batch_size", "sharding", "conditions"]
+    runs = runs.merge(switched[alike].drop_duplicates(), on=alike)
+    runs["role"] = runs.apply(role, axis=1)
+    return runs[runs["role"].notna()]
+
+
+def switch_table(res: SuiteResults) -> pd.DataFrame:
+    runs = switch_runs(res)
+    rows = []
+    for key, group in runs.groupby(["workload", "label", "workers", "conditions"], sort=True):
+        tta = mlperf_time_to_target(group["tta_with_costs_s"].tolist())
+        sw = group["switch_t_wall"].dropna()
+        is_switch = group["role"].iloc[0] == "switch"
+        row: dict[str, Any] = {"workload": key[0], "system": key[1], "role": group["role"].iloc[0],
+                               "workers": key[2], "conditions": key[3], "runs": len(group),
+                               "switched": f"{len(sw)}/{len(group)}" if is_switch else "–"}
+        with_ci(row, "switch at (s)", sw)
+        with_ci(row, "hand-over (s)", group["handover_s"])
+        row["time to target incl. costs (s)"] = tta.value
+        row["spread (s)"] = "–" if tta.fastest is None else f"{_fmt(tta.fastest)} – {_fmt(tta.slowest)}"
+        row["reached target"] = f"{tta.reached}/{tta.n}"
+        with_ci(row, "train time (s)", group["train_s"])
+        with_ci(row, "final val acc", group.get("final_val_accuracy"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def thesis_table(res: SuiteResults, batch: pd.DataFrame, sharding: pd.DataFrame,
+                 switch: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    if not batch.empty:
+        ours = "; ".join(f"{r['system']}{_where(r)}: {r['cost fall (largest ÷ smallest)']:.2f}x "
+                         f"(batch {r['largest batch']}→{r['smallest batch']})" for _, r in batch.iterrows())
+        rows.append({"claim": "per-mini-batch cost falls as batches shrink", "thesis": KASSELA.paper,
+                     "ours": ours})
+    if not sharding.empty:
+        parts = []
+        for strategy, g in sharding[sharding["sharding"] != "random"].groupby("sharding", sort=False):
+            found = [text for split, name in (("train", "training"), ("val", "validation"))
+                     if (text := _max_ratio(g, split, name))]
+            parts.append(f"{strategy}: " + ", ".join(found) if found else f"{strategy}: no ratio (too few seeds)")
+        rows.append({"claim": SHARDING_ANY, "thesis": SHARDING.paper,
+                     "ours": "; ".join(parts) or "only random sharding in this suite"})
+    if not switch.empty and (switch["role"] == "switch").any():
+        rows.append({"claim": "Strategy-Switch: sync accuracy at async speed", "thesis": SWITCH.paper,
+                     "ours": "; ".join(_switch_verdicts(res, switch))})
+    return pd.DataFrame(rows)
+
+
+def _switch_verdicts(res: SuiteResults, switch: pd.DataFrame) -> list[str]:
+    """Each switch variant against pure sync and pure async runs set up alike, never against
+    another switch variant; the baseline matching the switch's own phases comes first."""
+    parts = []
+    first_run = res.runs.drop_duplicates("label").set_index("label")
+    for _, g in switch.groupby(["workload", "workers", "conditions"], sort=True):
+        for _, sw in g[g["role"] == "switch"].iterrows():
+            phases = _switch_phases(first_run.loc[sw["system"]])
+            never = " (criterion never fired: sync throughout)" if str(sw["switched"]).startswith("0/") else ""
+            for kind in ("sync", "async"):
+                pure = g[g["role"] == kind]
+                if pure.empty:
+                    parts.append(f"{sw['system']}{_where(sw)} vs pure {kind}: no pure {kind} run set up alike "
+                                 "in this suite")
+                    continue
+                matching = [i for i, r in pure.iterrows() if _phase(first_run.loc[r["system"]]) == phases[kind]]
+                other = pure.loc[matching[0]] if matching else pure.iloc[0]
+                acc = _diff(sw["final val acc"], other["final val acc"])
+                speed = _ratio(other["time to target incl. costs (s)"], sw["time to target incl. costs (s)"])
+                parts.append(f"{sw['system']}{_where(sw)}{never} vs pure {kind} {other['system']}: final val acc "
+                             f"{acc}, time to target {speed}")
+    return parts
+
+
+def _where(row: pd.Series) -> str:
+    return f" ({row['workload']}, {row['workers']} workers)"
+
+
+def _max_ratio(group: pd.DataFrame, split: str, name: str) -> str:
+    """The largest variance ratio over the split's metrics, with its interval and p-values."""
+    rows = group[group["metric"].str.startswith(name) & group["var ratio (random ÷ this)"].notna()]
+    rows = rows[np.isfinite(rows["var ratio (random ÷ this)"].astype(float))]
+    if rows.empty:
+        return ""
+    r = rows.loc[rows["var ratio (random ÷ this)"].astype(float).idxmax()]
+    return (f"up to {_fmt(r['var ratio (random ÷ this)'])}x ({r['metric']}; 95% CI {r['ratio 95% CI']}, "
+            f"paired Brown–Forsythe p={_fmt(r['p (paired Brown–Forsythe)'])}, {r['seeds']} seeds)")
+
+
+def _diff(a: Any, b: Any) -> str:
+    if _missing(a) or _missing(b):
+        return "n/a"
+    return f"{a:.3f} vs {b:.3f} ({a - b:+.3f})"
+
+
+def _ratio(slow: Any, fast: Any) -> str:
+    if _missing(slow) or _missing(fast) or fast <= 0:
+        return "n/a (target not reached by both)"
+    return f"{slow / fast:.2f}x faster" if slow >= fast else f"{fast / slow:.2f}x slower"
 
 
 def compact(table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
