@@ -122,7 +122,6 @@ def measured_compute_s(spec: RunSpec) -> tuple[float, int]:
     (workload, batch): what an emulated device's target is compared with. CPU time, not wall time,
     so a busy machine does not inflate it. Returns (seconds, the model's parameter count)."""
     import numpy as np
-
     import torch
 
     from psbench.systems.common import configure_threads, forward_backward
