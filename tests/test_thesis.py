@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -68,15 +69,45 @@ def test_paired_ratio_counts_unreached_targets_as_infinitely_late():
 
 # ---- verdicts --------------------------------------------------------------------------------------
 
+_BUILT: dict[str, Path] = {}  # a suite's arguments -> where it was built, once a module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built_suites(tmp_path_factory) -> Iterator[None]:
+    global _BUILT_ROOT
+    _BUILT_ROOT = tmp_path_factory.mktemp("built")
+    yield
+    _BUILT.clear()
+
+
+def _copy_of_built(root: Path, suite: str, build: Callable[..., None], **arguments) -> Path:
+    """The suite `build(folder, suite, **arguments)` writes, built the first time a module asks for it
+    and copied into root/suite each time: a test that edits its records edits its own copy."""
+    import shutil
+
+    key = repr((build.__name__, suite, sorted(arguments.items())))
+    if key not in _BUILT:
+        folder = _BUILT_ROOT / str(len(_BUILT))
+        build(folder, suite, **arguments)
+        _BUILT[key] = folder / suite
+    shutil.copytree(_BUILT[key], root / suite, dirs_exist_ok=True)
+    return root / suite
+
+
 def _sharding_suite(root: Path, calm: float, stragglers: tuple[str | None, ...] = (None,), seeds: int = 20,
                     suite: str = "sharding", steps: int = 24) -> Path:
+    return _copy_of_built(root, suite, _write_sharding_suite, calm=calm, stragglers=stragglers, seeds=seeds,
+                          steps=steps)
+
+
+def _write_sharding_suite(root: Path, suite: str, calm: float, stragglers: tuple[str | None, ...], seeds: int,
+                          steps: int) -> None:
     for strategy, spread in (("random", 0.05), ("stratified", calm)):
         for seed in range(seeds):
             for slow in stragglers:
                 spec = RunSpec("ps", "mlp-digits", workers=4, seed=seed, batch_size=16, sharding=strategy,
                                options={"consistency": "asp"}, stragglers=slow)
                 fake_run(root, suite, spec, step_s=0.002, final_noise=spread, steps=steps)
-    return root / suite
 
 
 def test_sharding_verdict_follows_the_records(tmp_path, monkeypatch):
@@ -260,6 +291,12 @@ def test_a_strategy_that_raises_the_variance_counts_against_the_paper(tmp_path, 
 
 def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: int | None = 6,
                   stragglers: str | None = None) -> Path:
+    return _copy_of_built(root, "switch", _write_switch_suite, switch_step_s=switch_step_s, seeds=tuple(seeds),
+                          switch_at=switch_at, stragglers=stragglers)
+
+
+def _write_switch_suite(root: Path, suite: str, switch_step_s: float, seeds: tuple[int, ...], switch_at: int | None,
+                        stragglers: str | None) -> None:
     for seed in seeds:
         common = dict(workload="mlp-digits", workers=4, seed=seed, batch_size=16, stragglers=stragglers)
         jitter = 1 + 0.01 * (seed % 5)  # seeds differ a little: a paired t needs some spread
@@ -269,7 +306,6 @@ def _switch_suite(root: Path, switch_step_s: float, seeds=range(5), switch_at: i
         fake_run(root, "switch", RunSpec("ps", **common, options={"consistency": "asp"}), step_s=0.002, target=0.8)
         fake_run(root, "switch", RunSpec("switch", **common, options={"criterion": "fixed:fraction=0.3"}),
                  step_s=switch_step_s * (1 + 0.013 * (seed % 4)), switch_at=switch_at, target=0.8)
-    return root / "switch"
 
 
 def test_switch_verdict_follows_the_records(tmp_path):
@@ -283,18 +319,16 @@ def test_switch_verdict_follows_the_records(tmp_path):
     assert [f.verdict for f in slow] == [Verdict.NOT_REPRODUCED]
 
 
-def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_out():
+def test_switch_verdict_uses_calibration_seeds_for_the_target_and_leaves_them_out(tmp_path):
     """Seeds >= 100 set the target (the fastest sync system's final accuracy) and pick that system; the verdict
     pairs the other seeds only; a variant that never switched is shown as such, not tested."""
-    import tempfile
-
-    root = Path(tempfile.mkdtemp())
+    root = tmp_path / "calibrated"
     _switch_suite(root, switch_step_s=0.002, seeds=[0, 1, 2, 3, 4, 100, 101])
     found = thesis.switch_comparisons(load_suite(root / "switch"))
     (sw,) = [c for c in found if c.variant.startswith("switch")]
     assert sw.speedup.n == 5 and "calibration seed" in sw.target_source and sw.baseline == "ddp"
     assert sw.target < 0.9 * 0.98
-    never = Path(tempfile.mkdtemp())
+    never = tmp_path / "never"
     _switch_suite(never, switch_step_s=0.002, switch_at=None)
     (finding,) = thesis.findings(load_suite(never / "switch"))
     assert finding.verdict == Verdict.INCONCLUSIVE and "never acted" in finding.ours
