@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from psbench.core.errors import ConfigError
-from psbench.workloads import WORKLOADS, get_workload, load_dataset
+from psbench.workloads import WORKLOADS, datasets, get_workload, load_dataset
 from psbench.workloads.datasets import make_synthetic, read_idx
 from psbench.workloads.models import build_model
 
@@ -37,10 +37,27 @@ def test_label_skew_makes_classes_imbalanced() -> None:
         make_synthetic(0, label_skew=1.5)
 
 
+# Above a million rows, the generator is called for at most this many: a fresh clone would spend minutes
+# making 10 M rows (1.1 GB) that this test only reads the shape of. higgs-1m itself is real (other
+# tests train on it).
+GENERATED_ROWS_AT_MOST = datasets.HIGGS_1M_ROWS
+ROWS_ASKED = {"higgs-10m": datasets.HIGGS_10M_ROWS, "higgs-1375k": datasets.HIGGS_KASSELA_NODES_ROWS}
+
+
 @pytest.mark.parametrize("workload", sorted(w for w in WORKLOADS if WORKLOADS[w].dataset not in ("mnist", "cifar10")))
-def test_every_builtin_workload_builds_a_model_that_fits_its_data(workload: str) -> None:
+def test_every_builtin_workload_builds_a_model_that_fits_its_data(workload: str, monkeypatch) -> None:
     w = get_workload(workload)
+    asked: list[int] = []
+    generate = datasets.higgs_shaped
+
+    def at_most_a_million(rows: int):
+        asked.append(rows)
+        return generate(min(rows, GENERATED_ROWS_AT_MOST))
+
+    monkeypatch.setattr(datasets, "higgs_shaped", at_most_a_million)
     data = w.load_data(seed=0)
+    if w.dataset in ROWS_ASKED:  # the loader asks for its own size; the test reads a million of them
+        assert asked == [ROWS_ASKED[w.dataset]]
     model = w.build_model(data, seed=0)
     logits = model(torch.from_numpy(data.x_train[:4]))
     assert logits.shape == (4, data.n_classes)
