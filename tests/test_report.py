@@ -64,10 +64,18 @@ def test_report_names_every_system_and_the_thesis_figures(report):
         for name in SYSTEMS + ["ps (asp)", "ps (bsp)"]:
             assert name in text, name
         assert "14x" in text and "1.36x" in text and "8.48x" in text  # the thesis beside ours
-    for name in PLOTS:
-        assert f"plots/{name}.png" in md
-    assert html.count("data:image/png;base64,") == len(PLOTS)
+    for name in PLOTS:  # both link the plots beside them
+        assert f"plots/{name}.png" in md and f"src='plots/{name}.png'" in html
+    assert "base64" not in html
     assert "<table" in html and "## Sharding variability" in md and "## Staleness" in md
+
+
+def test_a_self_contained_report_inlines_its_plots(suite_copy, capsys):
+    assert main(["report", str(suite_copy), "--self-contained"]) == 0
+    html = (suite_copy / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(PLOTS) and "src='plots/" not in html
+    linked = build_report(suite_copy).html.read_text()
+    assert len(linked) < len(html) / 10  # what the inlined plots weigh
 
 
 def test_scaling_and_sharding_tables_compute_what_they_claim(suite):

@@ -1,7 +1,8 @@
 """`psbench report RESULTS/SUITE [...]`: tables + plots of a suite as report.md and report.html.
 
 The report is composed once as a list of blocks (heading, paragraph, table, image) and rendered
-twice: Markdown (images linked from plots/) and self-contained HTML (images inlined as base64).
+twice: Markdown and HTML, both linking the images in plots/ (`--self-contained` inlines them in the
+HTML as base64: one file to send, a third larger than its plots).
 Where the suite holds the data for one of the thesis' claims, its figure stands beside ours.
 """
 from __future__ import annotations
@@ -77,7 +78,7 @@ class Report:
     left_out: str = ""  # the runs load_suite left out, and why ('' when none)
 
 
-def build_report(suite_dir: Path | str, include_lost: bool = False) -> Report:
+def build_report(suite_dir: Path | str, include_lost: bool = False, self_contained: bool = False) -> Report:
     res = measures.annotate(load_suite(suite_dir, include_lost))
     plots = draw_all(res)
     fits = cost_model.suite_fits(res)
@@ -85,7 +86,7 @@ def build_report(suite_dir: Path | str, include_lost: bool = False) -> Report:
     blocks = compose(res, plots, fits, check)
     md_path, html_path = res.path / "report.md", res.path / "report.html"
     atomic_write_text(md_path, render_markdown(res, blocks))
-    atomic_write_text(html_path, render_html(res, blocks))
+    atomic_write_text(html_path, render_html(res, blocks, self_contained))
     if fits:
         falls = cost_model.predicted_falls(fits, cost_model.checked_labels(check))
         atomic_write_text(res.path / cost_model.COST_FILE, cost_model.to_json(fits, res.suite, falls))
@@ -233,7 +234,7 @@ img { max-width: 100%; border: 1px solid #eee; }
 """
 
 
-def render_html(res: SuiteResults, blocks: list[Block]) -> str:
+def render_html(res: SuiteResults, blocks: list[Block], self_contained: bool = False) -> str:
     title = f"psbench report: suite {html.escape(res.suite)}"
     out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'>", f"<title>{title}</title>",
            f"<style>{HTML_STYLE}</style></head><body>", f"<h1>{title}</h1>"]
@@ -245,8 +246,11 @@ def render_html(res: SuiteResults, blocks: list[Block]) -> str:
         elif b.kind == "table":
             out.append(_frame_strings(b.table).to_html(index=False, escape=True, border=0))
         elif b.kind == "image":
-            data = base64.b64encode(b.path.read_bytes()).decode("ascii")
-            out.append(f"<figure><img alt='{html.escape(b.text)}' src='data:image/png;base64,{data}'></figure>")
+            if self_contained:
+                src = "data:image/png;base64," + base64.b64encode(b.path.read_bytes()).decode("ascii")
+            else:
+                src = html.escape(b.path.relative_to(res.path).as_posix())
+            out.append(f"<figure><img alt='{html.escape(b.text)}' src='{src}'></figure>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
@@ -258,6 +262,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="suite folder(s), e.g. results/systems")
     p.add_argument(INCLUDE_LOST_FLAG, dest="include_lost", action="store_true",
                    help="count runs that lost a worker (left out of tables, verdicts and intervals by default)")
+    p.add_argument("--self-contained", action="store_true",
+                   help="inline the plots in report.html (one file to send); by default it links plots/, as "
+                        "report.md does")
     p.add_argument("--browser-check", action="store_true",
                    help="open report.html in headless Chromium: fail on console errors or images that do not "
                         "load; save a full-page screenshot as report.png beside it")
@@ -265,7 +272,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     for suite in args.suites:
-        report = build_report(suite, getattr(args, "include_lost", False))
+        report = build_report(suite, args.include_lost, args.self_contained)
         if report.left_out:
             print(f"psbench report: {report.left_out}")
         print(f"{report.markdown}  {report.html}  ({len(report.plots)} plot(s): {', '.join(report.plots) or 'none'})")
