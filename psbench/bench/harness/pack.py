@@ -2,7 +2,8 @@
 reference of thousands of runs is a few MB in a few files.
 
 The packed suite is read back and compared with the folders, run by run and row by row, before any
-folder is removed; a suite already packed takes the new folders in beside what it holds.
+folder is removed, at the precision the packed form keeps (store.PRECISION: times are stored as
+whole microseconds); a suite already packed takes the new folders in beside what it holds.
 """
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import argparse
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
 
 from psbench.bench.harness import store
 from psbench.bench.harness.results import NOT_RUNS
@@ -31,21 +30,21 @@ def _size(paths: list[Path]) -> int:
     return sum(f.stat().st_size for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
 
 
-def _same(a: store.RunRecord, b: store.RunRecord) -> bool:
-    if (a.manifest, a.steps_kept, a.shards, a.steps_dropped) != (b.manifest, b.steps_kept, b.shards, b.steps_dropped):
-        return False
+def _difference(a: store.RunRecord, b: store.RunRecord) -> str | None:
+    """Where a run read back differs from the run packed (at store.PRECISION), in a line; None if nowhere."""
+    for what in ("manifest", "steps_kept", "shards", "steps_dropped"):
+        if getattr(a, what) != getattr(b, what):
+            return f"its {what}"
     for name in TABLES:
         left, right = a.tables.get(name), b.tables.get(name)
         if left is None or right is None:
             if (0 if left is None else len(left)) != (0 if right is None else len(right)):
-                return False
+                return f"{name}: a table against none"
             continue
-        try:
-            pd.testing.assert_frame_equal(left.reset_index(drop=True), right.reset_index(drop=True),
-                                          check_dtype=False, check_exact=True)
-        except AssertionError:
-            return False
-    return True
+        where = store.table_difference(left, right)
+        if where is not None:
+            return f"{name} {where}"
+    return None
 
 
 def pack_suite(suite_dir: Path) -> PackReport:
@@ -62,10 +61,12 @@ def pack_suite(suite_dir: Path) -> PackReport:
         return PackReport(len(records), 0, before, before)
     written = store.write_packed(suite_dir, records)
     back = {r.run_id: r for r in store.read_packed(suite_dir)}
-    wrong = [r.run_id for r in records if r.run_id not in back or not _same(r, back[r.run_id])]
+    wrong = {r.run_id: (_difference(r, back[r.run_id]) if r.run_id in back else "not packed") for r in records}
+    wrong = {run: where for run, where in wrong.items() if where is not None}
     if wrong or len(back) != len(records):
-        raise ConfigError(f"{suite_dir / store.PACKED_DIR}: the packed tables do not read back as the runs "
-                          f"({len(wrong)} differ, e.g. {wrong[:1]}); the run folders are kept")
+        run, where = next(iter(wrong.items()), ("", ""))
+        raise ConfigError(f"{suite_dir / store.PACKED_DIR}: the packed tables do not read back as the runs at "
+                          f"{store.PRECISION} ({len(wrong)} differ, e.g. {run}: {where}); the run folders are kept")
     for folder in folders:
         shutil.rmtree(folder)
     return PackReport(len(records), len(folders), before, _size(written))
@@ -74,7 +75,8 @@ def pack_suite(suite_dir: Path) -> PackReport:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", type=Path, nargs="+", help="suite folder(s), results/<suite>")
     p.epilog = ("example: psbench pack results/reference/*/   # each suite's runs into <suite>/records/ "
-                "(runs, steps, evals, events: Parquet, zstd); report, thesis and compare read either form")
+                "(runs, steps, evals, events: Parquet, zstd, times in whole microseconds); report, thesis and "
+                "compare read either form")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -84,5 +86,6 @@ def main(args: argparse.Namespace) -> int:
             continue
         r = pack_suite(suite)
         print(f"{suite}: {r.runs} runs ({r.folders_packed} folders packed now), "
-              f"{r.bytes_before / 1e6:.1f} MB -> {r.bytes_after / 1e6:.1f} MB")
+              f"{r.bytes_before / 1e6:.1f} MB -> {r.bytes_after / 1e6:.1f} MB, read back the same "
+              f"({store.PRECISION})")
     return 0

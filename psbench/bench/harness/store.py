@@ -8,6 +8,10 @@ events (every run's rows, run_id in each). A reference of thousands of runs is t
 files a suite, not tens of thousands, and a few MB instead of a hundred. Readers never care which
 form a suite is in; a suite may hold both (a packed reference and runs added since), and the same
 run in both is an error naming it.
+
+The packed record tables are encoded compactly (ENCODING_VERSION, named in each file's key-value
+metadata; a file without it is version 1, the frames as they were) and read back as the folders'
+frames: float seconds, float64 losses, the same columns in the same row order.
 """
 from __future__ import annotations
 
@@ -16,17 +20,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from psbench.bench.harness.schema import check_manifest
-from psbench.core.atomic import atomic_write_table
+from psbench.core.atomic import atomic_write
 from psbench.core.errors import ConfigError
-from psbench.core.records import TABLES
+from psbench.core.records import COLUMNS, STEP_TIME_COLUMNS, TABLES
 from psbench.core.tables import STEPS_DROPPED, read_table_file, steps_kept, table_files
 
 PACKED_DIR = "records"
 RUNS_TABLE = "runs"
 COMPRESSION = "zstd"
+COMPRESSION_LEVEL = 19  # packing is rare and reading does not pay for the level
+
+# Version 2 of the packed record tables. Times are whole ticks of their clock: t_wall is a difference
+# of epoch-second doubles (time.time(), the Recorder's clock), each a whole multiple of 2**-22 s
+# (0.24 us) from 2004 to 2038 and of 2**-21 s after, so 2**-22 s ticks hold it exactly; a step's parts
+# are perf_counter differences, a clock of nanoseconds, so nanoseconds hold them (a microsecond would
+# move the report's medians of 20 us parts in their third digit). A column holding an infinity stays
+# float. A float column whose every value is a float32 is stored as float32, exactly: a step's loss
+# is a float32 tensor's (systems/common.py), while an evaluation's mean loss, spark-mllib-native's
+# numpy loss and accuracies are float64 and stay so. Integer columns are integers (null where
+# missing). step and t_wall climb within a worker: delta-encoded; floats and the parts: byte-split.
+# Rows stay in the order recorded, each run's together (sorting by run, worker and step made the
+# reference's steps larger, and would reorder runs whose workers' rows interleave).
+ENCODING_KEY = b"psbench.packed"
+ENCODING_VERSION = 2
+TIME_COLUMNS = ["t_wall", *STEP_TIME_COLUMNS]
+TICKS_PER_S = {"t_wall": 2**22, **{column: 10**9 for column in STEP_TIME_COLUMNS}}
+PRECISION = "t_wall within 0.12 us, a step's parts within 0.5 ns, everything else exactly"
+DELTA_COLUMNS = {"step", "t_wall"}
 
 
 @dataclass
@@ -118,7 +142,7 @@ def read_packed(suite_dir: Path) -> list[RunRecord]:
         file = folder / f"{name}.parquet"
         if not file.is_file():
             continue
-        frame = read_table_file(file)
+        frame = read_packed_table(file)
         stray = set(frame["run_id"].astype(str)) - set(by_run)
         if stray:
             raise ConfigError(f"{file}: rows of run(s) not in {table.name}: {', '.join(sorted(stray)[:3])}")
@@ -167,8 +191,114 @@ def read_packed_manifests(suite_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(text) for text in pd.read_parquet(table, columns=["manifest"])["manifest"]]
 
 
+def read_packed_table(file: Path) -> pd.DataFrame:
+    """A packed steps/evals/events table as a run folder's frame: its encoding undone."""
+    frame = read_table_file(file)
+    for column, how in _encoding(file).items():
+        if column not in frame.columns:
+            raise ConfigError(f"{file}: its encoding names column {column}, which it does not hold")
+        if how.startswith("ticks:"):
+            frame[column] = frame[column].astype(np.float64) / int(how.partition(":")[2])
+        elif how == "float32":
+            frame[column] = frame[column].astype(np.float64)  # exactly the float64 it was
+    return frame
+
+
+def _encoding(file: Path) -> dict[str, str]:
+    """column -> how it is stored ('ticks:<per second>', 'float32', 'int'); {} for a version-1 file
+    (the frames as they were)."""
+    import pyarrow.parquet as pq
+
+    text = (pq.read_schema(file).metadata or {}).get(ENCODING_KEY)
+    if text is None:
+        return {}
+    try:
+        meta = json.loads(text)
+        version, columns = int(meta["version"]), dict(meta["columns"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{file}: corrupt {ENCODING_KEY.decode()} metadata ({exc})") from None
+    if version > ENCODING_VERSION:
+        raise ConfigError(f"{file}: packed by a newer psbench (encoding version {version}; this one reads "
+                          f"1 to {ENCODING_VERSION})")
+    odd = [f"{c}: {how}" for c, how in columns.items() if how not in ("int", "float32") and not (
+        isinstance(how, str) and how.startswith("ticks:") and how.partition(":")[2].isdigit()
+        and int(how.partition(":")[2]) > 0)]
+    if odd:
+        raise ConfigError(f"{file}: unknown column encoding(s) {', '.join(odd)} (allowed: int, float32, "
+                          "ticks:<per second>)")
+    return columns
+
+
+def encode_table(frame: pd.DataFrame):  # -> pyarrow.Table
+    """A record table as version 2 stores it (see ENCODING_VERSION), its encoding in the metadata."""
+    import pyarrow as pa
+
+    arrays, encoding = {}, {}
+    for column in frame.columns:
+        values, kind = frame[column], COLUMNS.get(column, ("",))[0]
+        array = None
+        if column in TIME_COLUMNS:
+            array = _whole_numbers(np.round(_floats(values) * TICKS_PER_S[column]))
+            encoding[column] = f"ticks:{TICKS_PER_S[column]}" if array is not None else "float64"
+        elif kind == "Int64":
+            array = (pa.array(values, type=pa.int64()) if pd.api.types.is_integer_dtype(values.dtype)
+                     else _whole_numbers(_floats(values)))
+            encoding[column] = "int" if array is not None else "float64"
+        elif kind == "float64":
+            floats = _floats(values)
+            narrow = floats.astype(np.float32)
+            exact = np.array_equal(narrow.astype(np.float64), floats, equal_nan=True)
+            array = pa.array(narrow if exact else floats, from_pandas=True)
+            encoding[column] = "float32" if exact else "float64"
+        arrays[column] = array if array is not None else pa.array(values, from_pandas=True)
+    table = pa.table(arrays)
+    meta = {"version": ENCODING_VERSION, "columns": {c: how for c, how in encoding.items() if how != "float64"}}
+    return table.replace_schema_metadata({ENCODING_KEY: json.dumps(meta, sort_keys=True).encode()})
+
+
+def _floats(values: pd.Series) -> np.ndarray:
+    return pd.to_numeric(values).to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _whole_numbers(floats: np.ndarray):  # -> pyarrow.Array | None
+    """Whole numbers held as floats as a nullable int64 array; None if one is not whole or too big
+    for a float to hold it exactly (NaN is null)."""
+    import pyarrow as pa
+
+    missing = np.isnan(floats)
+    present = floats[~missing]
+    if not (np.isfinite(present).all() and (present == np.trunc(present)).all() and (np.abs(present) < 2**53).all()):
+        return None
+    return pa.array(np.where(missing, 0, floats).astype(np.int64), mask=missing)
+
+
+def table_difference(left: pd.DataFrame, right: pd.DataFrame) -> str | None:
+    """Where two frames of one table differ at the recorded precision (times within
+    half a tick of TICKS_PER_S, everything else exactly), in a line; None where they match."""
+    if list(left.columns) != list(right.columns) or len(left) != len(right):
+        return f"columns {list(left.columns)} ({len(left)} rows) against {list(right.columns)} ({len(right)} rows)"
+    left, right = left.reset_index(drop=True), right.reset_index(drop=True)
+    times = [c for c in TIME_COLUMNS if c in left.columns]
+    for column in times:
+        a, b = _floats(left[column]), _floats(right[column])
+        # half a microsecond, give or take the last bits of the seconds' doubles
+        half_tick = 0.5 / TICKS_PER_S[column]
+        off = ~((np.isnan(a) & np.isnan(b)) | (np.abs(a - b) <= half_tick + 4 * np.spacing(np.abs(a))))
+        if off.any():
+            row = int(np.flatnonzero(off)[0])
+            return f"{column} row {row}: {float(a[row])!r} against {float(b[row])!r}"
+    try:
+        pd.testing.assert_frame_equal(left.drop(columns=times), right.drop(columns=times),
+                                      check_dtype=False, check_exact=True)
+    except AssertionError as exc:
+        return " ".join(str(exc).split())
+    return None
+
+
 def write_packed(suite_dir: Path, records: list[RunRecord]) -> list[Path]:
     """Write `records` as <suite>/records/ (each table to a temp file, then renamed); the files."""
+    import pyarrow as pa
+
     folder = Path(suite_dir) / PACKED_DIR
     runs = pd.DataFrame({
         "run_id": [r.run_id for r in records],
@@ -178,14 +308,24 @@ def write_packed(suite_dir: Path, records: list[RunRecord]) -> list[Path]:
         "steps_dropped": [json.dumps(r.steps_dropped, sort_keys=True) if r.steps_dropped is not None else None
                           for r in records]})
     written = [folder / f"{RUNS_TABLE}.parquet"]
-    _write(written[0], runs)
+    _write(written[0], pa.Table.from_pandas(runs, preserve_index=False))
     for name, columns in TABLES.items():
         frames = [r.tables[name] for r in records if name in r.tables and len(r.tables[name])]
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
         written.append(folder / f"{name}.parquet")
-        _write(written[-1], frame[columns])
+        _write(written[-1], encode_table(frame[columns]))
     return written
 
 
-def _write(path: Path, frame: pd.DataFrame) -> None:
-    atomic_write_table(path, frame, compression=COMPRESSION)
+def _write(path: Path, table) -> None:  # table: pyarrow.Table
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {field.name: field.type for field in table.schema}
+    strings = [c for c, t in types.items() if pa.types.is_string(t) or pa.types.is_large_string(t)]
+    encodings = {c: "DELTA_BINARY_PACKED" for c, t in types.items() if c in DELTA_COLUMNS and pa.types.is_integer(t)}
+    encodings |= {c: "BYTE_STREAM_SPLIT" for c, t in types.items()
+                  if pa.types.is_floating(t) or (c in STEP_TIME_COLUMNS and pa.types.is_integer(t))}
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression=COMPRESSION,
+                                                  compression_level=COMPRESSION_LEVEL, use_dictionary=strings,
+                                                  column_encoding=encodings))
