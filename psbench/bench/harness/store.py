@@ -281,7 +281,7 @@ def table_difference(left: pd.DataFrame, right: pd.DataFrame) -> str | None:
     times = [c for c in TIME_COLUMNS if c in left.columns]
     for column in times:
         a, b = _floats(left[column]), _floats(right[column])
-        # half a microsecond, give or take the last bits of the seconds' doubles
+        # half a tick, give or take the last bits of the seconds' doubles
         half_tick = 0.5 / TICKS_PER_S[column]
         off = ~((np.isnan(a) & np.isnan(b)) | (np.abs(a - b) <= half_tick + 4 * np.spacing(np.abs(a))))
         if off.any():
