@@ -15,6 +15,7 @@ from psbench.bench import cli
 from psbench.bench.harness.matrix import expand
 from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.runner import plan, run_all, run_one
+from psbench.bench.report.tables import workload_sources_table
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec, workload_label
 from psbench.core.tables import read_table
@@ -108,8 +109,11 @@ def test_single_from_the_command_line_records_where_model_and_data_came_from(
     assert source["sha256"] == {module_file: "sha256:" + hashlib.sha256(Path(module_file).read_bytes()).hexdigest()}
     assert manifest["extra"]["data"]["dataset"] == f"{name}:load_data"
     assert set(read_table(run, "steps")["workload"]) == {label}
-    runs = load_suite(results_dir / "runs").runs
-    assert runs["workload"].tolist() == [label] and runs["batch_size"].tolist() == [32]  # the pair's default
+    suite = load_suite(results_dir / "runs")
+    assert suite.runs["workload"].tolist() == [label] and suite.runs["batch_size"].tolist() == [32]  # the pair's default
+    sources = workload_sources_table(suite)  # the report's table of where they came from
+    assert sources[["workload", "model", "dataset", "runs"]].values.tolist() == [
+        [label, f"{name}:make_model", f"{name}:load_data", 1]]
     assert manifest["summary"]["final_val_accuracy"] > 0.5  # 3 classes: it learned
 
 
