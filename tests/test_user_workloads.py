@@ -127,7 +127,7 @@ def test_ps_with_two_worker_processes_imports_the_module_through_the_child_envir
                    allow_oversubscribe=True)
     assert str(folder.resolve()) in child_env()["PYTHONPATH"].split(":")
     monkeypatch.chdir(ROOT)
-    sys.path.remove(str(folder))  # nor from this process' own path
+    sys.path[:] = [p for p in sys.path if p not in ("", str(folder))]  # nor from this process' own path
     result = run_one(planned, results_dir, "ps")
     steps = read_table(result.out_dir, "steps")
     # the pair's 1 epoch at its batch of 32: 240 rows a worker, 8 steps
@@ -218,6 +218,14 @@ def test_a_bad_workload_file_is_one_line_naming_the_file(module, key: str, value
     with pytest.raises(ConfigError) as raised:
         registry.get_workload(str(path))
     assert str(raised.value).startswith(f"workload file {path}: {message}")
+
+
+def test_only_folders_a_child_would_not_search_are_passed_to_it(module, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert user.resolve("json:dumps", "model factory") is __import__("json").dumps
+    assert user.import_roots() == []  # the standard library: every child finds it already
+    name, folder = module
+    user.resolve(f"{name}:make_model", "model factory", folder)  # from a workload file's folder
+    assert user.import_roots() == [str(folder.resolve())]
 
 
 def test_labels_are_the_names_the_user_gave_and_registry_names_keep_their_run_ids() -> None:

@@ -105,10 +105,14 @@ def resolve(ref: str, what: str, folder: Path | None = None) -> Callable[..., An
         raise ConfigError(f"{what} '{ref}': not an import string; give pkg.module:callable")
     module_name, _, attr = ref.partition(":")
     top = module_name.split(".")[0]
+    # where a child process would not look by itself: a folder put on sys.path here, or the current
+    # directory (on sys.path as '' under `python -m`); a module from the environment's own path is not
+    needs_passing = {str(Path.cwd().resolve())}
     if top not in sys.modules and importlib.util.find_spec(top) is None:
         for root in (folder, Path.cwd()):
             if root is not None and ((root / top).is_dir() or (root / f"{top}.py").is_file()):
                 sys.path.insert(0, str(root))
+                needs_passing.add(str(Path(root).resolve()))
                 importlib.invalidate_caches()
                 break
     try:
@@ -116,7 +120,7 @@ def resolve(ref: str, what: str, folder: Path | None = None) -> Callable[..., An
     except Exception as exc:  # not found, or the module's own code raising on import
         raise ConfigError(f"{what} '{ref}': importing {module_name} failed: {_one_line(exc)}") from None
     root = _module_root(module, module_name)
-    if root and root not in _ROOTS:
+    if root in needs_passing and root not in _ROOTS:
         _ROOTS.append(root)
     target = getattr(module, attr, None)
     if target is None:
@@ -200,8 +204,9 @@ def checked_dataset(ref: str, returned: Any) -> Dataset:
     if low < 0 or high >= n_classes or n_classes < 2:
         raise ConfigError(f"{what}: labels run {low}..{high} for {n_classes} classes; expected 0..n_classes-1, "
                           "at least 2 classes")
-    name = returned.name if isinstance(returned, Dataset) else ref
-    return Dataset(name, x_train, y_train, x_val, y_val, n_classes)
+    if isinstance(returned, Dataset):
+        return Dataset(returned.name, x_train, y_train, x_val, y_val, n_classes, returned.fingerprint)
+    return Dataset(ref, x_train, y_train, x_val, y_val, n_classes)
 
 
 # ---- the factory's model ------------------------------------------------------------------------
