@@ -159,7 +159,7 @@ def test_the_shipped_example_runs_and_reaches_its_target(results_dir: Path, monk
     assert manifest["summary"]["time_to_target_s"] is not None  # 0.9, the file's target
 
 
-def test_an_experiment_takes_model_and_dataset_or_a_workload_file_beside_it(module) -> None:
+def test_an_experiment_or_cluster_file_takes_model_and_dataset_or_a_workload_file_beside_it(module) -> None:
     name, folder = module
     workload_file(folder, name)
     experiment = expand({"matrix": {"system": ["single", "ps"], "model": f"{name}:make_model",
@@ -171,6 +171,11 @@ def test_an_experiment_takes_model_and_dataset_or_a_workload_file_beside_it(modu
     beside = expand({"settings": {"system": "single", "workload": "my_workload.toml"}},
                     source=folder / "exp.toml")
     assert [s.workload for s in beside.specs] == [str(folder / "my_workload.toml")]
+    from psbench.bench.lab.cluster.file import parse as parse_cluster_file
+
+    cluster = parse_cluster_file({"launcher": "local", "run": {"system": "ps", "workload": "my_workload.toml"},
+                                  "hosts": [{"roles": ["ps-server", "worker"]}]}, str(folder / "cluster.toml"))
+    assert cluster.spec.workload == str(folder / "my_workload.toml")  # a cluster file's [run] too
 
 
 @pytest.mark.parametrize("argv, message", [
