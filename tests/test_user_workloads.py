@@ -239,3 +239,19 @@ def test_labels_are_the_names_the_user_gave_and_registry_names_keep_their_run_id
     assert workload_label("pkg.models:net+pkg.data:load") == "pkg.models.net+pkg.data.load"
     assert RunSpec("single", "mlp-digits").run_id.startswith("single-mlp-digits-w1-s0-")
     assert len(RunSpec("single", "a" * 300 + ":f+b:g").run_id) <= 128
+
+
+@pytest.mark.slow  # 10-45 s each (a Spark session, a Ray cluster, horovodrun): `make test-slow`
+@pytest.mark.parametrize("system", ["horovod", "switch", "rpc-ps", "ray-ps", "spark-mllib"])
+def test_the_other_systems_train_a_workload_file_from_outside_the_tree(module, system: str, results_dir: Path) -> None:
+    from psbench import systems
+
+    reason = systems.quick_unavailable_reason(system)
+    if reason:
+        pytest.skip(f"{system} is not available here: {reason}")
+    name, folder = module
+    path = workload_file(folder, name)
+    (result,) = run_all([RunSpec(system, str(path), workers=2, max_steps=6)], results_dir, system, progress=False,
+                        allow_oversubscribe=True)
+    steps = read_table(result.out_dir, "steps")
+    assert sorted(steps["worker"].unique()) == [0, 1] and set(steps["workload"]) == {"my_workload"}
