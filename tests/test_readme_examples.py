@@ -1,7 +1,7 @@
 """Every `psbench` line of the README's and docs/' examples runs as written on this machine (a newcomer's first
 hour): each line of a ```sh block that runs `.venv/bin/psbench` (after a `git switch ... &&`, the
 psbench part, in this checkout) runs from a scratch folder
-that sees this checkout's bench/ (so its relative paths and results/ resolve there), with a short
+that sees this checkout's bench/ and examples/ (so their relative paths and results/ resolve there), with a short
 budget added to single runs (--max-steps, unless the line sets its own budget or is a suite or
 --help). Lines run in README order, so `report` finds the results an earlier line wrote."""
 from __future__ import annotations
@@ -57,6 +57,7 @@ def test_the_readme_has_examples_to_run():
 def scratch(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("newcomer")
     (where / "bench").symlink_to(ROOT / "bench")
+    (where / "examples").symlink_to(ROOT / "examples")  # docs/workloads.md runs examples/own_model
     return where
 
 

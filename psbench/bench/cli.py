@@ -55,7 +55,13 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="print each run's plan (its cores; done or to run), or with --cluster each role's command; "
                         "run nothing")
     g.add_argument("--system", help="system adapter (see `psbench list`)")
-    g.add_argument("--workload", help="workload name (see `psbench list`)")
+    g.add_argument("--workload", help="workload name (see `psbench list`), or a workload file (path.toml: your model, "
+                                      "data, optimiser, batch size and target; docs/workloads.md)")
+    g.add_argument("--model", metavar="PKG.MODULE:FACTORY",
+                   help="your model: factory(input_shape, n_classes) -> nn.Module, seeded first; with --dataset, "
+                        "instead of --workload")
+    g.add_argument("--dataset", metavar="PKG.MODULE:LOADER",
+                   help="your data: loader(seed, data_dir) -> (x_train, y_train, x_val, y_val) or a Dataset")
     g.add_argument("-np", "--workers", type=int, default=defaults.workers, help="number of worker processes (default 1)")
     g.add_argument("--epochs", type=int, help="epochs (default: the workload's)")
     g.add_argument("--batch-size", type=int, help="mini-batch size per worker (default: the workload's)")
@@ -165,9 +171,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         experiment = load_experiment(args.config, quick=args.quick)
         specs, suite = experiment.specs, args.suite or experiment.suite_folder
     else:
-        if not args.system or not args.workload:
-            raise ConfigError("give --system and --workload, or --config FILE (see `psbench list`)")
-        specs = [RunSpec(system=args.system, workload=args.workload, workers=args.workers, seed=args.seed,
+        workload = _workload_from_args(args)
+        if not args.system or not workload:
+            raise ConfigError("give --system and --workload (or --model and --dataset), or --config FILE "
+                              "(see `psbench list`)")
+        specs = [RunSpec(system=args.system, workload=workload, workers=args.workers, seed=args.seed,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
                          max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
                          options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
@@ -185,6 +193,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"results: {Path(args.results_dir) / suite}")
     _track(args, Path(args.results_dir) / suite, results)
     return 0
+
+
+def _workload_from_args(args: argparse.Namespace) -> str | None:
+    """--workload NAME or FILE.toml (made absolute: every process of the run reads it), or --model
+    with --dataset (workloads/user.py)."""
+    from psbench.workloads.user import canonical_name, pair_name
+
+    if args.model or args.dataset:
+        if args.workload or not (args.model and args.dataset):
+            raise ConfigError("give --model with --dataset (your own workload), or --workload, not both")
+        return pair_name(args.model, args.dataset)
+    return canonical_name(args.workload) if args.workload else None
 
 
 def _tracking(args: argparse.Namespace) -> bool:
@@ -240,6 +260,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("workloads:")
     for w in WORKLOADS.values():
         print(f"  {w.name:<24} {w.description}")
+    print(f"  {'(your own)':<24} --model pkg.module:factory --dataset pkg.module:loader, or --workload "
+          "file.toml (docs/workloads.md)")
     print(f"sharding: {', '.join(STRATEGIES)}")
     experiments = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.toml"))
     if experiments:

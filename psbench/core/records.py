@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from psbench.core.atomic import atomic_write_json, atomic_write_table, staged_dir
-from psbench.core.spec import RunSpec
+from psbench.core.spec import RunSpec, workload_label
 
 # A step row's time is split (seconds; empty where a system cannot tell), the same way on every
 # path (local, netns, compose, ssh): compute_s the real gradient computation, emulated_s the sleep
@@ -45,7 +45,7 @@ TARGET_WINDOW = 3  # timer-evaluated runs: the target counts as reached when the
 COLUMNS: dict[str, tuple[str, str]] = {
     "run_id": ("string", "the run: <system>-<workload>-w<workers>-s<seed>-<config hash> (its folder's name)"),
     "system": ("string", "system adapter name (`psbench list`)"),
-    "workload": ("string", "workload name (`psbench list`)"),
+    "workload": ("string", "workload name (`psbench list`; the user's own: spec.workload_label)"),
     "worker": ("Int64", "worker index 0..N-1 (events: the worker concerned, or null)"),
     "step": ("Int64", "the worker's step number from 0 (evals: steps done when evaluated; events: or null)"),
     "t_wall": ("float64", "seconds on the run's training clock (set-up and evaluation pauses excluded)"),
@@ -132,7 +132,7 @@ class Recorder:
     def __init__(self, spec: RunSpec, target_accuracy: float | None = None):
         self.spec = spec
         # run_id hashes the spec (~15 us): computed once, not on every recorded step.
-        self._id_fields = {"run_id": spec.run_id, "system": spec.system, "workload": spec.workload}
+        self._id_fields = {"run_id": spec.run_id, "system": spec.system, "workload": workload_label(spec.workload)}
         self.target_accuracy = target_accuracy
         self.steps: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []

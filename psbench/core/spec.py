@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -21,6 +22,18 @@ def budget_kind(budget: str) -> str | None:
         return kind if kind == "seconds" and float(value) > 0 else None
     except ValueError:
         return None
+
+
+RUN_ID_LABEL_CHARS = 72  # a run id is one path component of at most 128 characters (harness/schema.py)
+
+
+def workload_label(workload: str) -> str:
+    """A workload's name in run ids, record tables and reports: a registry name as it is; the user's
+    own (psbench/workloads/user.py) by the names the user gave: a workload file by its file name
+    (stem), a model+dataset pair by its import strings, each pkg.module:callable read pkg.module.callable."""
+    if workload.endswith(".toml"):
+        workload = workload.replace("\\", "/").rsplit("/", 1)[-1][: -len(".toml")]
+    return re.sub(r"[^A-Za-z0-9._+=-]", "-", workload.replace(":", ".")).lstrip(".-+=") or "workload"
 
 
 @dataclass(frozen=True)
@@ -87,4 +100,5 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        return f"{self.system}-{self.workload}-w{self.workers}-s{self.seed}-{self.config_hash()}"
+        return (f"{self.system}-{workload_label(self.workload)[:RUN_ID_LABEL_CHARS]}-w{self.workers}-s{self.seed}-"
+                f"{self.config_hash()}")

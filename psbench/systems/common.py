@@ -358,11 +358,15 @@ REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for processes a system starts (workers, servers, Spark executors): this
-    checkout's packages first on PYTHONPATH, one thread each, plus `extra`."""
+    checkout's packages first on PYTHONPATH, then the folders the user's workload modules were
+    imported from (workloads/user.py), one thread each, plus `extra`."""
     import os
 
+    from psbench.workloads.user import pythonpath_with_roots
+
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = pythonpath_with_roots(
+        os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
     env.update(extra or {})

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from psbench.core.errors import ConfigError
+from psbench.workloads import user
 from psbench.workloads.datasets import Dataset, load_dataset
 
 if TYPE_CHECKING:  # torch loads when a model is built, so `psbench list` and `--help` stay light
@@ -30,20 +31,47 @@ class Workload:
     optimizer: OptimizerSettings
     batch_size: int
     epochs: int
-    target_accuracy: float  # validation accuracy that time-to-accuracy is measured to
+    target_accuracy: float | None  # validation accuracy that time-to-accuracy is measured to (None: none)
     loss: str = "cross_entropy"
     model_options: dict = field(default_factory=dict)
     description: str = ""
+    folder: Path | None = None  # a workload file's folder: its modules are looked for there (user.py)
 
     def load_data(self, seed: int = DATA_SEED, data_dir: Path | str | None = None) -> Dataset:
         """The dataset and its train/val split are fixed (DATA_SEED), like a benchmark's published
-        split; a run's seed varies what a run varies: initial weights, shards and batch order."""
-        return load_dataset(self.dataset, seed, Path(data_dir) if data_dir else None)
+        split; a run's seed varies what a run varies: initial weights, shards and batch order.
+        `dataset` is a built-in name or the user's loader (pkg.module:loader)."""
+        where = Path(data_dir) if data_dir else None
+        if user.is_import_string(self.dataset):
+            return user.load_user_dataset(self.dataset, seed, where, self.folder)
+        return load_dataset(self.dataset, seed, where)
 
     def build_model(self, data: Dataset, seed: int) -> nn.Module:
+        return self.model_for(data.input_shape, data.n_classes, seed)
+
+    def model_for(self, input_shape: tuple[int, ...], n_classes: int, seed: int) -> nn.Module:
+        """The seeded initial model: a built-in model or the user's factory (pkg.module:factory)."""
+        if user.is_import_string(self.model):
+            return user.build_user_model(self.model, input_shape, n_classes, seed, self.folder, **self.model_options)
         from psbench.workloads.models import build_model
 
-        return build_model(self.model, data.input_shape, data.n_classes, seed, **self.model_options)
+        return build_model(self.model, input_shape, n_classes, seed, **self.model_options)
+
+    def check(self, seed: int, data_dir: Path | str | None = None) -> None:
+        """The user's loader and factory called once, here, before a run starts: one that fails, or
+        returns the wrong thing, is one line (ConfigError) naming it, and nothing is written."""
+        data = self.load_data(data_dir=data_dir)
+        model = self.model_for(data.input_shape, data.n_classes, seed)
+        user.check_forward(self.model, model, data)
+
+    @property
+    def is_user(self) -> bool:
+        """Defined outside this registry: a model+dataset pair or a workload file."""
+        return user.is_user_workload(self.name)
+
+    def provenance(self) -> dict | None:
+        """Where a user workload's model and data came from (for the manifest); None for the registry's."""
+        return user.provenance(self.name, self.model, self.dataset) if self.is_user else None
 
     def loss_fn(self) -> nn.Module:
         from torch import nn
@@ -100,7 +128,19 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
 ]}
 
 
+_USER_WORKLOADS: dict[str, Workload] = {}
+
+
 def get_workload(name: str) -> Workload:
-    if name not in WORKLOADS:
-        raise ConfigError(f"unknown workload '{name}'; choose from: {', '.join(WORKLOADS)}")
-    return WORKLOADS[name]
+    """A registry workload by name, or the user's: MODEL+DATASET or a workload file (user.py), read
+    the same way in every process of a run."""
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if user.is_user_workload(name):
+        if name not in _USER_WORKLOADS:
+            fields = user.workload_fields(name)
+            optimizer = OptimizerSettings(**fields.pop("optimizer"))
+            _USER_WORKLOADS[name] = Workload(optimizer=optimizer, **fields)
+        return _USER_WORKLOADS[name]
+    raise ConfigError(f"unknown workload '{name}'; choose from: {', '.join(WORKLOADS)}, a workload file "
+                      "(path.toml) or --model pkg.module:factory --dataset pkg.module:loader")

@@ -22,6 +22,10 @@
     workload = "logreg-digits"            # (a [quick] key still wins in --quick)
     settings = { epochs = 50 }
 
+The user's own workload goes where `workload` goes: `workload = "path/to/workload.toml"` (a path
+relative to this file), or `model = "pkg.module:factory"` with `dataset = "pkg.module:loader"`
+instead of `workload` (docs/workloads.md).
+
 Every value's type and range (workers 1..256, a suite name that stays inside results/) is checked
 first (schema.py), so a bad file is one line naming the field.
 """
@@ -36,8 +40,10 @@ from typing import Any
 from psbench.bench.harness.schema import check_experiment
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
+from psbench.workloads.user import canonical_name, pair_name
 
 SPEC_FIELDS = {f.name for f in fields(RunSpec)}
+USER_WORKLOAD_KEYS = {"model", "dataset"}  # the user's own model and loader, in place of a workload
 TOP_LEVEL_KEYS = {"suite", "description", "matrix", "settings", "options", "quick", "exclude", "override",
                   "report", "allow_oversubscribe"}
 
@@ -102,12 +108,13 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
             (matrix if key in matrix else settings)[key] = value
     overrides = _overrides(config.get("override", []))
     for key in list(matrix) + list(settings) + [k for o in overrides for k in o["settings"]]:
-        if key not in SPEC_FIELDS - {"options"}:
-            raise ConfigError(f"unknown run setting '{key}'; allowed: {', '.join(sorted(SPEC_FIELDS - {'options'}))}")
+        if key not in (SPEC_FIELDS | USER_WORKLOAD_KEYS) - {"options"}:
+            raise ConfigError(f"unknown run setting '{key}'; allowed: "
+                              f"{', '.join(sorted((SPEC_FIELDS | USER_WORKLOAD_KEYS) - {'options'}))}")
     if "system" not in matrix and "system" not in settings:
         raise ConfigError("config needs a system (in [matrix] or [settings])")
-    if "workload" not in matrix and "workload" not in settings:
-        raise ConfigError("config needs a workload (in [matrix] or [settings])")
+    if not any(k in matrix or k in settings for k in ("workload", "model")):
+        raise ConfigError("config needs a workload, or a model and a dataset (in [matrix] or [settings])")
     fixed_options: dict[str, dict[str, Any]] = config.get("options", {})
     excludes = config.get("exclude", [])
 
@@ -126,7 +133,7 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
             for override in overrides:
                 if _matches(run, override["match"]):
                     run.update({k: v for k, v in override["settings"].items() if k not in quick_keys})
-            specs.append(RunSpec.from_dict(run))
+            specs.append(RunSpec.from_dict(_workload_named(run, source)))
     if not specs:
         raise ConfigError("the config expands to no runs")
     # Seed outermost: the systems compared within one seed run close together in time, so a drift
@@ -134,6 +141,21 @@ def expand(config: dict[str, Any], quick: bool = False, source: Path | None = No
     specs.sort(key=lambda spec: spec.seed)
     return Experiment(config.get("suite", "default"), config.get("description", ""), specs,
                       config.get("report", {}), source, quick, bool(config.get("allow_oversubscribe", False)))
+
+
+def _workload_named(run: dict[str, Any], source: Path | None) -> dict[str, Any]:
+    """The run's workload as a RunSpec names it: model and dataset joined into one name, a workload
+    file's path made absolute (relative to the experiment file), so every process of the run reads it."""
+    run = dict(run)
+    model, dataset = run.pop("model", None), run.pop("dataset", None)
+    if model is not None or dataset is not None:
+        if "workload" in run or model is None or dataset is None:
+            raise ConfigError("a run takes a workload, or a model with a dataset, not both; got "
+                              f"workload={run.get('workload')!r} model={model!r} dataset={dataset!r}")
+        run["workload"] = pair_name(model, dataset)
+    elif "workload" in run:
+        run["workload"] = canonical_name(run["workload"], Path(source).parent if source else None)
+    return run
 
 
 def _overrides(entries: list[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:

@@ -17,6 +17,7 @@ import pandas as pd
 from psbench.bench.harness import store
 from psbench.core.records import TABLES, median_step_interval
 from psbench.core.errors import ConfigError
+from psbench.core.spec import workload_label
 
 # written into a suite folder beside its runs: by bench.report, and by `psbench netlab bench` (its table and plot)
 REPORT_OUTPUTS = {"plots", "report.md", "report.html", "report.png", "cost_model.json", "bandwidth.csv", "bandwidth.png"}
@@ -142,6 +143,10 @@ def _run_row(manifest: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"run_id": manifest["run_id"], "dir": str(run_dir)}
     for key in SPEC_COLUMNS:
         row[key] = spec.get(key)
+    row["workload"] = workload_label(str(row["workload"]))  # the user's own by the names they gave
+    source = (manifest.get("extra") or {}).get("workload_source")
+    if row["batch_size"] is None and isinstance(source, dict):  # its default, which no registry holds
+        row["batch_size"] = source.get("batch_size")
     for key, value in sorted((spec.get("options") or {}).items()):
         row[f"opt_{key}"] = value
     for key, value in manifest["summary"].items():

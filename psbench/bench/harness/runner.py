@@ -51,6 +51,8 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrato
     cluster conditions, and whether the run fits the cores (see cpu_budget)."""
     system_cls = get_system(spec.system)
     workload = get_workload(spec.workload)
+    if workload.is_user:  # the user's factory and loader: their errors are one line here, not a run's failure
+        workload.check(spec.seed, spec.data_dir)
     parse_strategy(spec.sharding)
     max_workers = system_cls.max_workers
     if max_workers is not None and spec.workers > max_workers:
@@ -360,6 +362,9 @@ def record_run(planned: PlannedRun, quiet: bool = False) -> Recorder:
             conditions["cpu_measured_roles"] = measured
             conditions["cpu_span_s"] = round(span_s, 4)
     recorder.extra["data"] = data_provenance(spec, recorder.shard_report)
+    workload = get_workload(spec.workload)
+    if workload.is_user:  # where its model and data came from, and its default batch (no registry holds it)
+        recorder.extra["workload_source"] = {**(workload.provenance() or {}), "batch_size": workload.batch_size}
     for worker, step, ms in stall_schedule(spec.stragglers, spec.seed, [(r["worker"], r["step"]) for r in recorder.steps]):
         t_wall = next(r["t_wall"] for r in recorder.steps if r["worker"] == worker and r["step"] == step)
         recorder.event("stall", step=step, worker=worker, t_wall=t_wall, ms=ms)

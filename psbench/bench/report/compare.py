@@ -30,6 +30,7 @@ from psbench.bench.harness.results import (INCLUDE_LOST_FLAG, REPORT_OUTPUTS, On
                                             lost_left_out_line)
 from psbench.core.atomic import atomic_write_csv, atomic_write_text
 from psbench.core.errors import ConfigError
+from psbench.core.spec import workload_label
 
 # metric (a run summary field) -> (heading, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -114,7 +115,8 @@ def _runs(res: SuiteResults) -> pd.DataFrame:
 def spec_label(spec: dict[str, Any]) -> str:
     """'ps (consistency=asp) mlp-digits w2 b16': what a match is, in one line."""
     options = ", ".join(f"{k}={v}" for k, v in sorted((spec.get("options") or {}).items()))
-    parts = [spec["system"] + (f" ({options})" if options else ""), spec["workload"], f"w{spec.get('workers', 1)}"]
+    parts = [spec["system"] + (f" ({options})" if options else ""), workload_label(str(spec["workload"])),
+             f"w{spec.get('workers', 1)}"]
     for key, short in (("batch_size", "b"), ("epochs", "e"), ("max_steps", "steps "), ("lr", "lr ")):
         if spec.get(key) is not None:
             parts.append(f"{short}{spec[key]}")

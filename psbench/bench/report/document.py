@@ -205,6 +205,7 @@ def compose(res: SuiteResults, plots: dict[str, list[Path]],
     blocks += [Block("h2", "Method"), Block("p", method_text())]
     table("bytes", tables.bytes_table(res))
     table("runs", tables.runs_table(res))
+    table("workload_sources", tables.workload_sources_table(res))
     table("environment", tables.environment_table(res))
     return blocks
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from psbench.core.records import STEP_TIME_COLUMNS
+from psbench.core.spec import workload_label
 from psbench.systems import SYNC, known_as, names_where
 from psbench.bench.harness.results import SuiteResults
 from psbench.bench.report import cost_model, measures, switching, throughput_gap, variance_power
@@ -143,6 +145,11 @@ CAPTIONS: dict[str, Caption] = {
         "Runs",
         "Every run: its budget, length, launch and hand-over costs, too-short flag and code version."),
     "environment": Caption("Machine and versions", "From the run manifests."),
+    "workload_sources": Caption(
+        "The user's own workloads",
+        "Workloads defined outside psbench's registry (--model/--dataset or a workload file): the model factory "
+        "and dataset loader as the user named them, the workload file, and the sha256 of each file they were "
+        "read from (first 12 hex digits), from the run manifests."),
 }
 
 
@@ -429,6 +436,23 @@ def environment_table(res: SuiteResults) -> pd.DataFrame:
             **{k: v for k, v in sorted(versions.items()) if v is not None},
             "git sha": (manifest.get("git_sha") or "")[:10],
             "uncommitted changes": {True: "yes", False: "no"}.get(manifest.get("git_dirty"), "unknown"), "runs": 0})
+        entry["runs"] += 1
+    return pd.DataFrame(list(rows.values()))
+
+
+def workload_sources_table(res: SuiteResults) -> pd.DataFrame:
+    """One row per user workload and source: where its model and data came from (manifest extra.workload_source)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for run_id, manifest in sorted(res.manifests.items()):
+        source = (manifest.get("extra") or {}).get("workload_source")
+        if not isinstance(source, dict):
+            continue
+        digests = source.get("sha256") if isinstance(source.get("sha256"), dict) else {}
+        files = "; ".join(f"{Path(f).name} {str(d).removeprefix('sha256:')[:12]}" for f, d in sorted(digests.items()))
+        entry = rows.setdefault(json.dumps(source, sort_keys=True, default=str), {
+            "workload": workload_label(str(manifest["spec"]["workload"])), "model": source.get("model"),
+            "dataset": source.get("dataset"), "workload file": source.get("workload_file") or "",
+            "files (sha256)": files, "runs": 0})
         entry["runs"] += 1
     return pd.DataFrame(list(rows.values()))
 

@@ -66,11 +66,9 @@ class ModelSpec:
 
     def build(self) -> tuple[nn.Module, nn.Module]:
         from psbench.workloads import get_workload
-        from psbench.workloads.models import build_model
 
         workload = get_workload(self.workload)
-        model = build_model(workload.model, self.input_shape, self.n_classes, self.seed, **workload.model_options)
-        return model, workload.loss_fn()
+        return workload.model_for(self.input_shape, self.n_classes, self.seed), workload.loss_fn()
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         from psbench.systems.common import make_optimizer

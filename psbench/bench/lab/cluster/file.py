@@ -39,6 +39,7 @@ from psbench.bench.harness.schema import check_spec, check_suite_name
 from psbench.core.errors import ConfigError
 from psbench.core.hosts import HOST_RULE, is_host_address, is_ip
 from psbench.core.spec import RunSpec
+from psbench.workloads.user import canonical_name
 
 LAUNCHERS = ("local", "netns", "ssh")
 SYSTEM_ROLES = {"ps": ("ps-server", "worker"), "ddp": ("worker",)}
@@ -177,6 +178,8 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
                           "(recorded in the manifest)")
     run["workers"] = workers
     check_spec(run, source, "[run] ", complete=False)
+    if isinstance(run.get("workload"), str):  # a workload file: relative to this file, absolute for every role
+        run["workload"] = canonical_name(run["workload"], Path(source).parent)
     try:
         spec = RunSpec(**{**run, "options": options})
     except TypeError as exc:
