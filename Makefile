@@ -17,7 +17,7 @@ setup: $(STAMP) $(HOROVOD_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[spark,fuzz,mlflow,tensorboard,dev]'
+	$(BIN)/python -m pip install -q -e '.[spark,fuzz,mlflow,tensorboard,mllog,dev]'
 	$(BIN)/python -m pip install -q -e '.[ray]' || echo "psbench: ray could not be installed; ray-ps runs will be skipped"
 	touch $(STAMP)
 

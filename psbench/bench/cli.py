@@ -111,6 +111,12 @@ def _add_output_arguments(group: argparse._ActionsContainer) -> None:
                        "suite's report plots to MLflow, e.g. file:./mlruns (needs the mlflow extra)")
     group.add_argument("--tensorboard", metavar="DIR", type=Path, help="also write TensorBoard event files of each "
                        "run and the report plots under DIR/<suite>/ (needs the tensorboard extra)")
+    group.add_argument("--mllog", metavar="PATH", type=Path, help="also write each run's MLPerf Training MLLOG "
+                       "events (run_start, eval_accuracy, run_stop, ...): `psbench run` of one run to the file PATH, "
+                       "with --config or `bench` one file a run, PATH/<suite>/<run-id>.txt (needs the mllog extra)")
+    group.add_argument("--mllog-submission", metavar="K=V,...", help="the MLLOG submission fields over their "
+                       "defaults: org=psbench, division=open|closed, status=research|onprem|cloud|preview, "
+                       "platform=(the machine's cores)")
 
 
 def _add_system_option_groups(p: argparse.ArgumentParser) -> None:
@@ -207,27 +213,38 @@ def _workload_from_args(args: argparse.Namespace) -> str | None:
     return canonical_name(args.workload) if args.workload else None
 
 
-def _tracking(args: argparse.Namespace) -> bool:
+def _plotting_trackers(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "mlflow", None) or getattr(args, "tensorboard", None))
+
+
+def _tracking(args: argparse.Namespace) -> bool:
+    return _plotting_trackers(args) or bool(getattr(args, "mllog", None))
 
 
 def _check_trackers(args: argparse.Namespace) -> None:
     if _tracking(args):
+        from psbench.bench.report.mlperf_log import parse_submission
         from psbench.bench.report.trackers import check_available
 
-        check_available(args.mlflow, args.tensorboard)
+        parse_submission(args.mllog_submission)
+        check_available(args.mlflow, args.tensorboard, args.mllog)
 
 
 def _track(args: argparse.Namespace, suite_dir: Path, results: list, report: Any = None) -> None:
     """Send the runs just completed (None: skipped), and the suite's report plots (the report is
-    built if not given), to the trackers asked for."""
+    built if not given and MLflow or TensorBoard is asked for), to the trackers asked for."""
     done = [r for r in results if r is not None]
     if not _tracking(args) or not done:
         return
+    from psbench.bench.report.mlperf_log import Target, parse_submission
     from psbench.bench.report.trackers import log_all
 
-    report = report or _report(suite_dir)
-    for line in log_all(suite_dir, [r.out_dir for r in done], report.plots, args.mlflow, args.tensorboard):
+    if _plotting_trackers(args):
+        report = report or _report(suite_dir)
+    mllog = (Target(args.mllog, one_file=args.command == "run" and not args.config,
+                    submission=parse_submission(args.mllog_submission)) if args.mllog else None)
+    for line in log_all(suite_dir, [r.out_dir for r in done], report.plots if report else {}, args.mlflow,
+                        args.tensorboard, mllog):
         print(line, file=sys.stderr)
 
 

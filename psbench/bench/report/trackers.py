@@ -1,13 +1,14 @@
-"""Opt-in experiment trackers: `--mlflow URI` and `--tensorboard DIR` on `psbench run` and `bench`.
+"""Opt-in experiment trackers: `--mlflow URI`, `--tensorboard DIR` and `--mllog PATH` (MLPerf's
+MLLOG lines, mlperf_log.py) on `psbench run` and `bench`.
 
 After the runs are written, each completed run is logged from its records (so a tracker sees
 exactly what results/ holds): its spec as params, every numeric step column as a per-step metric
 (mean over workers at each step number, e.g. `steps/loss`, `steps/staleness`; new schema columns
 follow by themselves), each evaluation as `eval/<split>_<loss|accuracy>`, and the summary as final
 metrics. The suite's report plots go to one parent run per suite (MLflow: the psbench runs are
-its nested runs; TensorBoard: `DIR/<suite>/report`). Both packages are optional extras
-(`pip install -e '.[mlflow,tensorboard]'`); asking for a tracker that is not installed is an error
-before any run starts.
+its nested runs; TensorBoard: `DIR/<suite>/report`). The packages are optional extras
+(`pip install -e '.[mlflow,tensorboard,mllog]'`); asking for a tracker that is not installed is an
+error before any run starts.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from psbench.bench.report import mlperf_log
 from psbench.core.errors import ConfigError
 from psbench.core.records import COLUMNS
 from psbench.core.tables import read_table
@@ -27,9 +29,10 @@ NOT_METRICS = {"worker", "step"}  # step columns that index rather than measure
 BATCH = 900  # MLflow accepts at most 1000 metrics per log_batch call
 
 
-def check_available(mlflow_uri: str | None, tensorboard_dir: Path | None) -> None:
+def check_available(mlflow_uri: str | None, tensorboard_dir: Path | None, mllog_path: Path | None = None) -> None:
     """Fail before training when a requested tracker's package is missing."""
-    needs = [("mlflow", "mlflow", mlflow_uri), ("tensorboard", "tensorboard", tensorboard_dir)]
+    needs = [("mlflow", "mlflow", mlflow_uri), ("tensorboard", "tensorboard", tensorboard_dir),
+             ("mllog", "mlperf_logging", mllog_path)]
     for flag, module, wanted in needs:
         if wanted is None:
             continue
@@ -158,7 +161,7 @@ def log_tensorboard(log_dir: Path, suite: str, run_dirs: Iterable[Path], plots: 
 
 
 def log_all(suite_dir: Path, run_dirs: list[Path], plots: dict[str, list[Path]], mlflow_uri: str | None,
-            tensorboard_dir: Path | None) -> list[str]:
+            tensorboard_dir: Path | None, mllog: mlperf_log.Target | None = None) -> list[str]:
     """Log to each tracker asked for; lines saying where things went."""
     pngs = [p for paths in plots.values() for p in paths if p.suffix == ".png"]
     reports = [p for p in (suite_dir / "report.md", suite_dir / "report.html") if p.is_file()]
@@ -169,4 +172,7 @@ def log_all(suite_dir: Path, run_dirs: list[Path], plots: dict[str, list[Path]],
     if tensorboard_dir:
         root = log_tensorboard(tensorboard_dir, suite_dir.name, run_dirs, pngs)
         done.append(f"tensorboard: {len(run_dirs)} run(s) in {root} (tensorboard --logdir {tensorboard_dir})")
+    if mllog:
+        files = mlperf_log.write_runs(mllog, suite_dir.name, run_dirs)
+        done.append(f"mllog: {len(files)} run(s) in {files[0] if mllog.one_file else mllog.path / suite_dir.name}")
     return done
