@@ -65,6 +65,23 @@ def test_a_cluster_beyond_loopback_needs_ray_token_auth_or_insecure(monkeypatch)
     assert _options({"ray_address": "198.18.0.1:6379"}).ray_address == "198.18.0.1:6379"
 
 
+@ray_only
+def test_auto_is_checked_as_the_address_it_finds(monkeypatch):
+    """`auto` resolves to what Ray finds (here RAY_ADDRESS) and that address is refused beyond
+    loopback as a given one is, before this process connects to anything."""
+    from psbench.systems.ray_ps.cluster import ray_session
+
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # ray_session sets it: restored after
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "198.18.0.9:6379")
+    with pytest.raises(ConfigError, match="198.18.0.9:6379 binds 198.18.0.9"):
+        with ray_session("auto", 3, insecure=False):
+            pytest.fail("joined a cluster beyond loopback without auth or --insecure")
+    import ray
+
+    assert not ray.is_initialized()
+
+
 def test_the_cli_refuses_a_non_loopback_ray_address_in_one_line(tmp_path, monkeypatch, capsys):
     from psbench.bench.cli import main as cli_main
 
