@@ -109,12 +109,28 @@ def _ray_cli() -> list[str]:
     return [sys.executable, "-m", "ray.scripts.scripts"]
 
 
-def _kill_namespace(lab: netlab.NetLab, host: int) -> None:
+def _stop_namespace(lab: netlab.NetLab, host: int) -> dict[int, float]:
+    """SIGKILL every process in the host's namespace (the node's Ray); returns them, pid: start time."""
+    stopped = {}
     for pid in netlab._namespace_pids(lab.ns(host)):
         try:
+            stopped[pid] = psutil.Process(pid).create_time()
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+        except (ProcessLookupError, psutil.NoSuchProcess):
             pass
+    return stopped
+
+
+def _still_running(processes: dict[int, float]) -> list[int]:
+    alive = []
+    for pid, created in processes.items():
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def _processes_with(text: str) -> list[str]:
@@ -198,12 +214,12 @@ def test_ray_ps_joins_a_two_node_cluster_on_namespace_hosts(tmp_path):
         assert _actors_left(lab) == []
         assert _processes_with(str(ray_temp / "h0")) and _processes_with(str(ray_temp / "h1"))
     finally:
-        for host in (1, 0):
-            _kill_namespace(lab, host)
+        stopped = {**_stop_namespace(lab, 1), **_stop_namespace(lab, 0)}
         lab.down()
         shutil.rmtree(ray_temp, ignore_errors=True)
+    assert len(stopped) >= 4  # at least each node's gcs_server or raylet and its helpers were found
     deadline = time.monotonic() + 10
-    while (_processes_with(str(ray_temp)) or _processes_with(str(token))) and time.monotonic() < deadline:
+    while (_still_running(stopped) or _processes_with(str(ray_temp))) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _processes_with(str(ray_temp)) == [] and _processes_with(str(token)) == []
+    assert _still_running(stopped) == [] and _processes_with(str(ray_temp)) == []
     assert not any(ns.startswith(lab.ns(0).rpartition("-")[0] + "-") for ns in netlab.list_namespaces())
