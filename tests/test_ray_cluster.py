@@ -6,7 +6,6 @@ records with a local run's columns, the cluster up and free of psbench actors af
 nothing left once the test stops it. `ray stop` is never used: it stops every Ray on the machine."""
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
