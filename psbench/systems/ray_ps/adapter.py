@@ -11,27 +11,25 @@ arrays, its zero-copy path), never through the driver's hands.
 
 The driver knows every shard's version (a shard applies calls in the order one caller submits
 them), so a gradient's staleness is counted here: shard version at apply minus the version the
-worker computed on. Ray runs on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: its
-single-node mode binds 127.0.0.1) with one logical CPU per actor and one torch thread each.
+worker computed on. Ray is a private instance on loopback, or a cluster the user runs, joined with
+--ray-address (cluster.py); one logical CPU per actor and one torch thread each.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import logging
-import os
-import shutil
-import tempfile
 import time
 from typing import Any
 
 from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
-from psbench.systems.base import System
-from psbench.systems.common import Prepared, child_env, prepare
+from psbench.systems.base import System, option
+from psbench.systems.common import Prepared, prepare
 from psbench.systems.peer_common import (PeerFailed, PeerOptions, PeerWorker, ShardCore, ShardPlan, WorkerReport,
                                  deadline_left, join_shards, record_run, shard_plans, timed_out)
 from psbench.core.errors import ConfigError
+from psbench.systems.ray_ps.cluster import actor_node, check_address, kill_actors, ray_session
 
 NOT_INSTALLED = "ray is not installed: run `make setup` (installs the `ray` extra) or pip install -e '.[ray]'"
 IN_FLIGHT_ROUNDS = 2  # bsp: rounds submitted ahead of the one finishing (Ray chains them by refs)
@@ -50,6 +48,9 @@ class ShardActor:
         self.core.apply(grads)
         return self.weights()
 
+    def node(self) -> dict[str, str]:
+        return actor_node()
+
 
 class WorkerActor:
     """A worker (Ray's example's DataWorker) on its data shard; returns one gradient list per shard."""
@@ -59,6 +60,9 @@ class WorkerActor:
 
     def ready(self) -> int:
         return self.w.last
+
+    def node(self) -> dict[str, str]:
+        return actor_node()
 
     def step(self, staleness: int | None, *weights: list) -> Any:
         self.w.receive(weights, staleness)
@@ -73,27 +77,34 @@ class WorkerActor:
         return self.w.finish()
 
 
-def _loopback_ray():
-    """Import ray in its single-node mode: every server it starts binds 127.0.0.1 (the default
-    binds the host's address). The raylet and workers inherit this process's environment."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["PYTHONPATH"] = child_env()["PYTHONPATH"]  # workers import this checkout's packages
-    import ray
-    from ray._private import ray_constants
+@dataclasses.dataclass(frozen=True)
+class RayPSOptions(PeerOptions):
+    ray_address: str = option("", "ray-ps: join a running Ray cluster, auto | HOST:PORT (as `ray start --head` "
+                                  "prints; run psbench on one of its nodes); empty: a private Ray on loopback")
+    insecure: bool = option(False, "ray-ps: a ray_address beyond loopback without Ray's token authentication "
+                                   "(RAY_AUTH_MODE=token): allow it; recorded")
 
-    ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
-    return ray
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_address(self.ray_address, self.insecure)
 
 
 class RayPSSystem(System):
     name = "ray-ps"
-    Options = PeerOptions
+    Options = RayPSOptions
 
     @staticmethod
-    def cpu_processes(options: PeerOptions, workers: int) -> list[Proc]:
+    def local_workers(options: RayPSOptions, workers: int) -> int:
+        """None on a joined cluster: its actors and daemons run on its nodes, under its raylets."""
+        return 0 if options.ray_address else workers
+
+    @staticmethod
+    def cpu_processes(options: RayPSOptions, workers: int) -> list[Proc]:
         """Actors are processes named after their class; the rest of Ray (gcs_server, raylet, its
         log monitor, idle workers) are its daemons, together up to a core each of its slots. The
-        driver, which chains every call, is this process."""
+        driver, which chains every call, is this process: all a joined cluster's run starts here."""
+        if options.ray_address:
+            return []
         return [Proc("ray shard", options.servers, r"ray::ShardActor"), Proc(WORKERS, workers, r"ray::WorkerActor"),
                 Proc("ray daemons", 1, r"ray::|/ray/", max_cores=float(workers + options.servers))]
 
@@ -101,7 +112,7 @@ class RayPSSystem(System):
     def unavailable_reason(cls) -> str | None:
         return None if importlib.util.find_spec("ray") is not None else NOT_INSTALLED
 
-    def run(self, spec: RunSpec, options: PeerOptions, recorder: Recorder) -> None:
+    def run(self, spec: RunSpec, options: RayPSOptions, recorder: Recorder) -> None:
         prep = prepare(spec)
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
         train(prep, options, recorder)
@@ -112,37 +123,38 @@ def train(prep: Prepared, options: PeerOptions, recorder: Recorder):
     if RayPSSystem.unavailable_reason():
         raise ConfigError(NOT_INSTALLED)
     plans = shard_plans(prep, options)  # a ConfigError (more shards than tensors) before Ray starts
-    ray = _loopback_ray()
-    if ray.is_initialized():
-        raise ConfigError("ray-ps starts its own Ray instance; this process already has one (call ray.shutdown())")
     n, s = prep.spec.workers, options.servers
+    address, insecure = getattr(options, "ray_address", ""), getattr(options, "insecure", False)
     deadline = time.monotonic() + options.timeout_s
-    temp = tempfile.mkdtemp(prefix="psbench-ray-")  # Ray's session files and logs, removed after
-    try:
-        ray.init(num_cpus=n + s, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                 _temp_dir=temp)
-        shard_cls = ray.remote(num_cpus=1)(ShardActor)
-        worker_cls = ray.remote(num_cpus=1)(WorkerActor)
-        shards = [shard_cls.remote(plan) for plan in plans]
-        workers = [worker_cls.remote(prep.spec.to_dict(), i, s) for i in range(n)]
-        budgets = ray.get([w.ready.remote() for w in workers], timeout=deadline_left(deadline, "ray-ps set-up"))
-        weights = [sh.weights.remote() for sh in shards]
-        ray.wait(weights, num_returns=s, timeout=deadline_left(deadline, "ray-ps set-up"))
-        t0 = time.time()
-        loop = _bsp if options.consistency == "bsp" else _asp
-        weights, finishes = loop(ray, shards, workers, weights, budgets, deadline)
-        reports = ray.get(finishes, timeout=deadline_left(deadline, "ray-ps run"))
-        final = join_shards(ray.get(weights, timeout=deadline_left(deadline, "ray-ps run")))
-        t_end = time.time()
-    except ray.exceptions.GetTimeoutError:
-        raise timed_out("ray-ps run") from None
-    except ray.exceptions.RayError as exc:
-        raise PeerFailed(f"ray-ps failed: {_cause(exc)}") from exc
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
+    with ray_session(address, n + s, insecure) as session:
+        ray = session.ray
+        actors: list = []
+        try:
+            shard_cls = ray.remote(num_cpus=1)(ShardActor).options(**session.actor_options)
+            worker_cls = ray.remote(num_cpus=1)(WorkerActor).options(**session.actor_options)
+            shards = [shard_cls.remote(plan) for plan in plans]
+            workers = [worker_cls.remote(prep.spec.to_dict(), i, s) for i in range(n)]
+            actors = shards + workers
+            budgets = ray.get([w.ready.remote() for w in workers], timeout=deadline_left(deadline, "ray-ps set-up"))
+            weights = [sh.weights.remote() for sh in shards]
+            ray.wait(weights, num_returns=s, timeout=deadline_left(deadline, "ray-ps set-up"))
+            nodes = ray.get([a.node.remote() for a in actors], timeout=deadline_left(deadline, "ray-ps set-up"))
+            t0 = time.time()
+            loop = _bsp if options.consistency == "bsp" else _asp
+            weights, finishes = loop(ray, shards, workers, weights, budgets, deadline)
+            reports = ray.get(finishes, timeout=deadline_left(deadline, "ray-ps run"))
+            final = join_shards(ray.get(weights, timeout=deadline_left(deadline, "ray-ps run")))
+            t_end = time.time()
+            cluster = session.describe()
+        except ray.exceptions.GetTimeoutError:
+            raise timed_out("ray-ps run") from None
+        except ray.exceptions.RayError as exc:
+            raise PeerFailed(f"ray-ps failed: {_cause(exc)}") from exc
+        finally:
+            kill_actors(ray, actors)
     record_run(prep, recorder, reports, t0, t_end, final, options.consistency)
-    recorder.extra["ray"] = {"version": ray.__version__, "consistency": options.consistency, "servers": s}
+    recorder.extra["ray"] = {"version": ray.__version__, "consistency": options.consistency, "servers": s,
+                             "cluster": cluster, "shard_nodes": nodes[:s], "worker_nodes": nodes[s:]}
     return final
 
 
