@@ -35,7 +35,7 @@ def torchrun(nproc: int, args: list[str], results: Path, env: dict[str, str] | N
 def check_like_local(launched_dir: Path, local: RunSpec, tmp_path: Path, same_accuracy: bool) -> dict:
     """The launched suite against a local run of the same spec: one run, the same id, columns and
     row counts; its accuracy equal (deterministic ddp) or sane (ps: asynchronous). Its manifest."""
-    run_all([local], tmp_path / "local", "local", progress=False)
+    run_all([local], tmp_path / "local", "local", progress=False, allow_oversubscribe=True)
     got, want = load_suite(launched_dir), load_suite(tmp_path / "local" / "local")
     assert list(got.runs["run_id"]) == [local.run_id]
     for table in ("runs", "steps", "evals", "events"):
@@ -57,3 +57,14 @@ def test_torchrun_ddp_two_ranks(tmp_path):
     assert launch["engine"] == "torchrun" and launch["world"] == 2 and launch["store"] == "torchrun agent"
     assert set(launch["clock"]["offsets_s"]) == {"0", "1"} and launch["clock"]["within_bound"] is True
     print(f"torchrun ddp 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
+
+
+def test_torchrun_ps_one_shard_two_workers(tmp_path):
+    wall, out = torchrun(3, ["--system", "ps"], tmp_path / "r", env={"PSBENCH_PS_TOKEN": "launch-test-token"})
+    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec("ps", WORKLOAD, workers=2, max_steps=STEPS),
+                                tmp_path, same_accuracy=False)
+    launch = manifest["extra"]["launch"]
+    assert launch["world"] == 3 and launch["store_auth"] == "token" and len(launch["shards"]) == 1
+    assert set(launch["clock"]["offsets_s"]) == {"0", "1", "2"} and launch["clock"]["within_bound"] is True
+    assert "launch-test-token" not in json.dumps(manifest)
+    print(f"torchrun ps 1 shard + 2 workers: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")

@@ -2,7 +2,6 @@
 ranks to roles, the store's clock offsets and file hand-over, and the CLI's one-line refusals."""
 from __future__ import annotations
 
-import re
 import threading
 from datetime import timedelta
 
@@ -96,13 +95,13 @@ def test_offsets_and_files_through_a_store(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "rank1.steps.csv").write_text("worker,step\n1,0\n")
     send_files(client, 1, tmp_path / "a", ["rank1.steps.csv", "rank1.error.json"])   # the second: none written
-    receive_files(server, [1], tmp_path / "b", re.compile(r"rank{rank}\.(?:steps\.csv|error\.json)"))
+    receive_files(server, [1], tmp_path / "b", lambda r: rf"rank{r}\.(?:steps\.csv|error\.json)")
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["rank1.steps.csv"]
     assert (tmp_path / "b" / "rank1.steps.csv").read_text() == "worker,step\n1,0\n"
     client.set("files/2/rank1.meta.json", b"{}")   # a rank sending another's file is refused
     client.set("files/2", '["rank1.meta.json"]')
     with pytest.raises(RuntimeError, match="rank 2 sent a file named 'rank1.meta.json'"):
-        receive_files(server, [2], tmp_path / "b", re.compile(r"rank{rank}\.meta\.json"))
+        receive_files(server, [2], tmp_path / "b", lambda r: rf"rank{r}\.meta\.json")
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -117,4 +116,14 @@ def test_cli_refuses_in_one_line(argv, said, monkeypatch, capsys, tmp_path):
     code = main(["launch", "--system", "ddp", "--workload", "mlp-digits", "--results-dir", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2 and said in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_ps_without_the_jobs_token_is_refused_before_any_rendezvous(monkeypatch, capsys, tmp_path):
+    for name, value in {**TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_PORT": "1"}.items():   # port 1: nothing to reach
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PSBENCH_PS_TOKEN", raising=False)
+    code = main(["launch", "--system", "ps", "--workload", "mlp-digits", "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs the job's token" in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from psbench.bench.lab.launch.env import LaunchEnv
 
@@ -97,13 +97,16 @@ def send_files(store, rank: int, folder: Path, names: Iterable[str]) -> None:
     store.set(f"files/{rank}", json.dumps(sent))
 
 
-def receive_files(store, ranks: Iterable[int], folder: Path, allowed: re.Pattern[str]) -> None:
+def receive_files(store, ranks: Iterable[int], folder: Path, allowed: Callable[[int], str]) -> list[str]:
     """Every rank's files into `folder` (a temp file, then renamed); waits for each rank's list.
-    Only names `allowed` matches for that rank ('{rank}' in the pattern) are taken."""
+    Only names the regex `allowed(rank)` matches are taken; returns the names received."""
+    received = []
     for r in ranks:
         for name in json.loads(store.get(f"files/{r}")):
-            if not re.fullmatch(allowed.pattern.replace("{rank}", str(r)), name):
+            if not re.fullmatch(allowed(r), name):
                 raise RuntimeError(f"rank {r} sent a file named {name!r}, which no rank writes")
             tmp = folder / f".{name}.tmp"
             tmp.write_bytes(store.get(f"files/{r}/{name}"))
             os.replace(tmp, folder / name)
+            received.append(name)
+    return received
