@@ -14,6 +14,7 @@ import pytest
 
 from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.runner import run_all
+from psbench.bench.lab import netlab
 from psbench.core.spec import RunSpec
 
 pytestmark = pytest.mark.slow
@@ -68,3 +69,46 @@ def test_torchrun_ps_one_shard_two_workers(tmp_path):
     assert set(launch["clock"]["offsets_s"]) == {"0", "1", "2"} and launch["clock"]["within_bound"] is True
     assert "launch-test-token" not in json.dumps(manifest)
     print(f"torchrun ps 1 shard + 2 workers: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
+
+
+def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str]) -> tuple[float, dict]:
+    """`torchrun --nnodes 2 --rdzv-endpoint <host 0>:port` on each of two namespace hosts (c10d
+    rendezvous; host 0 told to serve it: its 198.18 address is not the machine's hostname's)."""
+    from psbench.bench.lab.netlab import NetLab
+    from psbench.systems.common import child_env
+
+    with NetLab(hosts=2) as lab:
+        env = {**child_env(), "GLOO_SOCKET_IFNAME": "veth0", "PSBENCH_PS_TOKEN": "two-hosts-token"}
+        began, procs = time.monotonic(), []
+        for node in range(2):
+            argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", str(nproc),
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{lab.addr(0)}:29400", "--rdzv-id", "two-hosts",
+                    "--rdzv-conf", f"is_host={str(node == 0).lower()},join_timeout=60", "--local-addr", lab.addr(node),
+                    "-m", "psbench", "launch", "--system", system, "--workload", WORKLOAD, "--max-steps", str(STEPS),
+                    "--results-dir", str(tmp_path / f"node{node}"), "--suite", "launched", *extra]
+            procs.append(lab.exec(node, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = [p.communicate(timeout=240)[0] for p in procs]
+        wall = time.monotonic() - began
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    # rank 0 (on whichever host the rendezvous put it) wrote the one run; the other host kept nothing
+    written = sorted(tmp_path.glob("node*/launched/*/manifest.json"))
+    assert len(written) == 1 and not list(tmp_path.glob("node*/launched/.*")), list(tmp_path.rglob("*"))
+    return wall, json.loads(written[0].read_text())
+
+
+REASON = netlab.unavailable_reason()
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
+def test_torchrun_across_two_namespace_hosts(tmp_path):
+    wall_ddp, ddp = _two_hosts("ddp", 1, tmp_path / "ddp", ["--insecure", "true"])
+    wall_ps, ps = _two_hosts("ps", 2, tmp_path / "ps", [])   # 4 ranks: 1 shard + 3 workers
+    for manifest, world in ((ddp, 2), (ps, 4)):
+        launch = manifest["extra"]["launch"]
+        assert launch["world"] == world and launch["master_addr"].startswith("198.18.")
+        assert launch["clock"]["within_bound"] is True and len(launch["clock"]["offsets_s"]) == world
+        run = load_suite(next(tmp_path.glob(f"{manifest['spec']['system']}/node*/launched")))
+        assert float(run.runs["final_val_accuracy"][0]) > 0.3
+    assert ps["extra"]["launch"]["shards"][0].startswith("198.18.")
+    print(f"two namespace hosts: ddp 2 ranks {wall_ddp:.1f} s, ps 1+3 ranks {wall_ps:.1f} s wall")

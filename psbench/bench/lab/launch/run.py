@@ -37,6 +37,15 @@ def staging_dir(results_dir: Path, suite: str, spec: RunSpec, rank: int) -> Path
     return folder
 
 
+def remove_staging(job: Path) -> None:
+    """This rank's folder; the job's folder too once it is empty (the last rank of a host leaves none)."""
+    shutil.rmtree(job, ignore_errors=True)
+    try:
+        job.parent.rmdir()
+    except OSError:
+        pass   # another rank of this host still has its own there
+
+
 def launch_record(env: LaunchEnv, offsets: dict, store_auth: str) -> dict:
     """The manifest's extra.launch; a warning when the ranks' clocks differ beyond the bound."""
     clock = clock_record(offsets)
@@ -95,12 +104,7 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
             raise failure_kept(exc, results_dir, suite, spec.run_id) from exc
         return recorder.finish(results_dir, suite, record_format)
     finally:
-        shutil.rmtree(job, ignore_errors=True)
-        if env.rank == 0:
-            try:
-                job.parent.rmdir()   # empty once every rank on this host has cleaned its own
-            except OSError:
-                pass
+        remove_staging(job)
 
 
 def signed(token: str, text: str) -> str:
@@ -214,12 +218,7 @@ def run_ps(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
     finally:
         if server is not None:
             stop_tree([server])
-        shutil.rmtree(job, ignore_errors=True)
-        if env.rank == 0:
-            try:
-                job.parent.rmdir()
-            except OSError:
-                pass
+        remove_staging(job)
 
 
 def argparse_ps_worker(module, argv: list[str]):
