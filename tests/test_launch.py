@@ -112,3 +112,30 @@ def test_torchrun_across_two_namespace_hosts(tmp_path):
         assert float(run.runs["final_val_accuracy"][0]) > 0.3
     assert ps["extra"]["launch"]["shards"][0].startswith("198.18.")
     print(f"two namespace hosts: ddp 2 ranks {wall_ddp:.1f} s, ps 1+3 ranks {wall_ps:.1f} s wall")
+
+
+def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):
+    """The variables mpirun sets, given by hand to two processes (mpirun itself is not installed
+    here): no torchrun agent, so rank 0 serves the store on MASTER_ADDR:MASTER_PORT."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    argv = [sys.executable, "-m", "psbench", "launch", "--system", "ddp", "--workload", WORKLOAD, "--max-steps",
+            str(STEPS), "--results-dir", str(tmp_path / "r"), "--suite", "launched"]
+    began = time.monotonic()
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=Path(__file__).resolve().parent.parent,
+                              env={**{k: v for k, v in os.environ.items() if k not in ("RANK", "SLURM_PROCID")},
+                                   "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
+                                   "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port)}) for r in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    wall = time.monotonic() - began
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    run = load_suite(tmp_path / "r" / "launched")
+    launch = run.manifests[run.runs["run_id"][0]]["extra"]["launch"]
+    assert launch["engine"] == "mpi" and launch["store"] == "rank 0" and launch["world"] == 2
+    assert float(run.runs["final_val_accuracy"][0]) > 0.3 and len(run.steps) == 2 * STEPS
+    print(f"Open MPI variables, ddp 2 ranks: {wall:.1f} s wall")
