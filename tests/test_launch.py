@@ -139,3 +139,14 @@ def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):
     assert launch["engine"] == "mpi" and launch["store"] == "rank 0" and launch["world"] == 2
     assert float(run.runs["final_val_accuracy"][0]) > 0.3 and len(run.steps) == 2 * STEPS
     print(f"Open MPI variables, ddp 2 ranks: {wall:.1f} s wall")
+
+
+def test_a_failing_rank_says_why_in_one_line_and_leaves_no_run(tmp_path):
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "psbench",
+            "launch", "--system", "ddp", "--workload", WORKLOAD, "--max-steps", str(STEPS),
+            "--results-dir", str(tmp_path / "r"), "--suite", "launched"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
+                          env={**os.environ, "PSBENCH_INJECT_FAULT": "1:5"})
+    assert done.returncode != 0
+    assert "psbench: run failed: ddp worker rank 1 failed: RuntimeError: injected fault at step 5" in done.stderr
+    assert not list((tmp_path / "r" / "launched").glob("*/manifest.json"))

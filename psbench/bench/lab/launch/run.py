@@ -84,8 +84,8 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
                            rank_hint=env.rank)
         if env.rank != 0:
             send_files(store, env.rank, job, [f"rank{env.rank}.{n}" for n in ("steps.csv", "meta.json", "error.json")])
-            if code:
-                raise RuntimeError(f"ddp rank {env.rank} failed (its error went to rank 0)")
+            if code:   # said here too: the engine may stop rank 0 before it can
+                raise RuntimeError(first_error("ddp", job) or f"ddp rank {env.rank} failed (exit {code})")
             return None
         try:
             receive_files(store, range(1, env.world), job, lambda r: rf"rank{r}\.(?:steps\.csv|meta\.json|error\.json)")
