@@ -174,7 +174,7 @@ def run_ps(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
         servers = shard_addresses(store, token, spec.run_id, options.servers)
         if role.kind == "worker":
             out = job / f"worker{role.index}.json"
-            args = argparse_ps_worker(ps_worker, [*ps_worker_args(spec, servers, role.index, str(out)),
+            args = parse_ps_worker_args(ps_worker, [*ps_worker_args(spec, servers, role.index, str(out)),
                                                   "--spec-json", json.dumps(spec.to_dict())])
             code = ps_worker.main(args)
             send_files(store, env.rank, job, [out.name])
@@ -221,7 +221,8 @@ def run_ps(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
         remove_staging(job)
 
 
-def argparse_ps_worker(module, argv: list[str]):
+def parse_ps_worker_args(module, argv: list[str]):
+    """`ps-worker`'s own parser over `argv` (its main runs in this rank's process)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="psbench ps-worker")
