@@ -153,7 +153,6 @@ def _options_from_args(args: argparse.Namespace, system: str) -> dict[str, Any]:
 def cmd_run(args: argparse.Namespace) -> int:
     from psbench.bench.harness.matrix import load_experiment
     from psbench.bench.harness.runner import run_all
-    from psbench.core.spec import RunSpec
 
     _check_trackers(args)
     if args.cluster:
@@ -169,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"results: {Path(args.results_dir) / cf.suite}")
         _track(args, Path(args.results_dir) / cf.suite, [result])
         return 0
-    from psbench.bench.harness.schema import check_spec, check_suite_name
+    from psbench.bench.harness.schema import check_suite_name
 
     if args.suite is not None:
         check_suite_name(args.suite, "psbench run", "--suite")
@@ -181,12 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.system or not workload:
             raise ConfigError("give --system and --workload (or --model and --dataset), or --config FILE "
                               "(see `psbench list`)")
-        specs = [RunSpec(system=args.system, workload=workload, workers=args.workers, seed=args.seed,
-                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
-                         max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
-                         options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
-                         stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)]
-        check_spec(specs[0].to_dict(), "psbench run", "--")  # e.g. -np 4000: the same bound as a file's
+        specs = [_spec_from_args(args, workload, args.workers, "psbench run")]
         suite = args.suite or "runs"
     # One run asked for by hand runs as asked, oversubscribed or not (as horovodrun or spark-submit
     # would), with a warning and the plan in its manifest; a suite refuses unless allowed.
@@ -198,6 +192,56 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_summaries([r for r in results if r is not None])
     print(f"results: {Path(args.results_dir) / suite}")
     _track(args, Path(args.results_dir) / suite, results)
+    return 0
+
+
+def _spec_from_args(args: argparse.Namespace, workload: str, workers: int, command: str):
+    from psbench.bench.harness.schema import check_spec
+    from psbench.core.spec import RunSpec
+
+    spec = RunSpec(system=args.system, workload=workload, workers=workers, seed=args.seed,
+                   epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
+                   max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
+                   options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
+                   stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)
+    check_spec(spec.to_dict(), command, "--")  # e.g. -np 4000: the same bound as a file's
+    return spec
+
+
+# `psbench run` flags that a launched rank does not take (the engine starts the ranks; one run)
+NOT_LAUNCH = ("config", "cluster", "dry_run", "quick", "allow_oversubscribe", "mlflow", "tensorboard", "mllog",
+              "mllog_submission", "no_resume")
+# options of the ddp system that place ranks itself; under an engine the environment does
+LAUNCH_PLACED = ("master_addr", "master_port", "nnodes", "node_rank")
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """One rank of a run started by an engine (torchrun, srun, mpirun): psbench/bench/lab/launch/."""
+    from psbench.bench.harness.schema import check_suite_name
+    from psbench.bench.lab.launch.env import read_env, workers_of
+    from psbench.bench.lab.launch.run import launch
+    from psbench.systems.allreduce_common import exit_now
+
+    given = [n for n in NOT_LAUNCH if getattr(args, n, None)] + [n for n in LAUNCH_PLACED
+                                                                   if getattr(args, f"opt_{n}", None) is not None]
+    if args.workers != 1:
+        given.append("workers")
+    if given:
+        raise ConfigError(f"psbench launch does not take --{given[0].replace('_', '-')}: the engine starts one "
+                          "process per rank and the environment gives ranks, world size and rendezvous")
+    workload = _workload_from_args(args)
+    if args.system not in ("ddp", "ps") or not workload:
+        raise ConfigError("psbench launch needs --system ddp|ps and --workload (or --model and --dataset)")
+    if args.suite is not None:
+        check_suite_name(args.suite, "psbench launch", "--suite")
+    env = read_env(os.environ, args.env)
+    servers = int(args.opt_servers) if args.system == "ps" and args.opt_servers else 1  # ps: ranks 0..S-1
+    spec = _spec_from_args(args, workload, workers_of(args.system, env.world, servers), "psbench launch")
+    result = launch(spec, env, args.results_dir, args.suite or "runs", args.record_format)
+    if result is not None:
+        _print_summaries([result])
+        print(f"results: {Path(args.results_dir) / (args.suite or 'runs')}")
+    exit_now(0)   # every file is written; torch's teardown of the process group's threads can hang
     return 0
 
 
@@ -364,6 +408,18 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     if command in (ALL, "run"):
         _add_run_arguments(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("launch", help="one rank of a run an engine starts once per rank (torchrun, srun, mpirun)",
+                       description="One rank of a ddp or ps run started by torchrun, Slurm or Open MPI: rank, "
+                                   "world size and rendezvous come from the environment; rank 0 writes the run "
+                                   "folder (docs/hosts.md).")
+    if command in (ALL, "launch"):
+        _add_run_arguments(p)
+        e = p.add_argument_group("psbench launch")
+        e.add_argument("--env", choices=("torchrun", "slurm", "mpi"),
+                       help="whose variables give rank and rendezvous (default: the first set of torchrun's "
+                            "RANK, Slurm's SLURM_PROCID, Open MPI's OMPI_COMM_WORLD_RANK)")
+    p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("list", help="list systems, workloads, sharding strategies and experiments")
     p.set_defaults(func=cmd_list)

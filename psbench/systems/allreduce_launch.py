@@ -36,7 +36,7 @@ def new_job(spec: RunSpec) -> Path:
     return job
 
 
-def _first_error(system: str, job: Path) -> str | None:
+def first_error(system: str, job: Path) -> str | None:
     """The earliest worker error is the cause; later ones are peers seeing the broken collective."""
     errors = []
     for path in job.glob("rank*.error.json"):
@@ -110,7 +110,7 @@ def supervise(system: str, sup: Supervisor, job: Path, timeout_s: float,
                     time.sleep(POLL_S)
                 sup.stop()
                 gather()
-                message = _first_error(system, job)
+                message = first_error(system, job)
                 if message is None:
                     i = failed[0]
                     rank = rank_of(i)

@@ -16,12 +16,13 @@ from psbench.systems.common import StepClock
 
 class DDPComm:
     def __init__(self, rank: int, world: int, master_addr: str, master_port: int, timeout_s: float,
-                 listen_fd: int | None = None):
+                 listen_fd: int | None = None, store: dist.Store | None = None):
         timeout = timedelta(seconds=timeout_s)
-        # Rank 0 serves the rendezvous store on a socket its launcher bound to master_addr and
-        # handed over (no free-port race; torch's own store would listen on every interface).
-        store = dist.TCPStore(master_addr, master_port, world, is_master=listen_fd is not None,
-                              timeout=timeout, master_listen_fd=listen_fd)
+        if store is None:  # `store`: one the ranks already share (psbench launch)
+            # Rank 0 serves the rendezvous store on a socket its launcher bound to master_addr and
+            # handed over (no free-port race; torch's own store would listen on every interface).
+            store = dist.TCPStore(master_addr, master_port, world, is_master=listen_fd is not None,
+                                  timeout=timeout, master_listen_fd=listen_fd)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         self.rank, self.size = rank, world
 

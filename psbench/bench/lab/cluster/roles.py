@@ -39,6 +39,34 @@ def _spec_args(spec: RunSpec) -> list[str]:
     return args
 
 
+def ps_server_args(spec: RunSpec, servers: Sequence[str], shard: int) -> list[str]:
+    """`ps-server` arguments of shard `shard` of a PS run whose shards listen at `servers`: the
+    step (lr, momentum) as applied, scaled by the run's policies."""
+    from psbench.systems.base import parse_options
+    from psbench.systems.ps.adapter import PSOptions
+    from psbench.systems.ps.policies import resolve_step
+    from psbench.workloads import get_workload
+
+    opts = parse_options(PSOptions, spec.options, "ps")
+    w = get_workload(spec.workload)
+    step = resolve_step(opts.lr_scaling, opts.momentum_scaling, opts.consistency, spec.workers, w.optimizer.momentum)
+    lr, momentum = (spec.lr or w.optimizer.lr) * step.lr_factor, step.momentum
+    return ["--bind", servers[shard], "--shard-id", str(shard), "--servers", str(len(servers)),
+            "--workers", str(spec.workers), "--consistency", opts.consistency, "--mitigation", opts.mitigation,
+            "--lr", repr(lr), "--momentum", repr(momentum), "--weight-decay", repr(w.optimizer.weight_decay),
+            "--step-timeout-s", repr(opts.step_timeout_s)]
+
+
+def ps_worker_args(spec: RunSpec, servers: Sequence[str], worker: int, out: str) -> list[str]:
+    """`ps-worker` arguments of worker `worker`, its step rows written to `out`."""
+    from psbench.systems.base import parse_options
+    from psbench.systems.ps.adapter import PSOptions
+
+    opts = parse_options(PSOptions, spec.options, "ps")
+    return ["--servers", ",".join(servers), "--worker-id", str(worker), *_spec_args(spec), "--init",
+            "--timeout-s", repr(opts.step_timeout_s + 60), "--out", out]
+
+
 def plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str,
                token: str | None = None) -> list[PlannedRole]:
     """Every process of the run, in start order, with its argv (addresses resolved). A "{host}" in
@@ -56,29 +84,15 @@ def _plan_roles(cf: ClusterFile, addrs: Sequence[str], python: str, scratch: str
     spec = cf.spec
     py = [python, "-m", "psbench"]
     if spec.system == "ps":
-        from psbench.systems.base import parse_options
-        from psbench.systems.ps.adapter import PSOptions
-        from psbench.systems.ps.policies import resolve_step
-        from psbench.workloads import get_workload
-
-        opts = parse_options(PSOptions, spec.options, "ps")
-        w = get_workload(spec.workload)
-        step = resolve_step(opts.lr_scaling, opts.momentum_scaling, opts.consistency, spec.workers,
-                            w.optimizer.momentum)
-        lr, momentum = (spec.lr or w.optimizer.lr) * step.lr_factor, step.momentum
         token_env = {TOKEN_ENV: token} if token else {}
         servers = [f"{addrs[h]}:{cf.port + j}" for j, h in enumerate(cf.role_hosts("ps-server"))]
-        roles = [PlannedRole(f"ps-server{j}", h, py + [
-            "ps-server", "--bind", servers[j], "--shard-id", str(j), "--servers", str(len(servers)),
-            "--workers", str(spec.workers), "--consistency", opts.consistency, "--mitigation", opts.mitigation,
-            "--lr", repr(lr), "--momentum", repr(momentum), "--weight-decay", repr(w.optimizer.weight_decay),
-            "--step-timeout-s", repr(opts.step_timeout_s)], "server", token_env, ready_port=cf.port + j)
-            for j, h in enumerate(cf.role_hosts("ps-server"))]
+        roles = [PlannedRole(f"ps-server{j}", h, py + ["ps-server", *ps_server_args(spec, servers, j)], "server",
+                             token_env, ready_port=cf.port + j)
+                 for j, h in enumerate(cf.role_hosts("ps-server"))]
         for k, h in enumerate(cf.role_hosts("worker")):
             out = f"{scratch}/worker{k}.json"
-            roles.append(PlannedRole(f"worker{k}", h, py + [
-                "ps-worker", "--servers", ",".join(servers), "--worker-id", str(k), *_spec_args(spec),
-                "--init", "--timeout-s", repr(opts.step_timeout_s + 60), "--out", out], "worker", token_env, out=out))
+            roles.append(PlannedRole(f"worker{k}", h, py + ["ps-worker", *ps_worker_args(spec, servers, k, out)],
+                                     "worker", token_env, out=out))
         first = cf.role_hosts("worker")[0]
         out = f"{scratch}/final.npz"
         roles.append(PlannedRole("ps-fetch", first, [python, "-m", "psbench.bench.lab.cluster.records", "ps-fetch", "--servers",
