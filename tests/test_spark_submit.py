@@ -163,6 +163,7 @@ def test_spark_submit_runs_spark_mllib_and_spark_barrier_on_a_standalone_cluster
     from psbench.core.tables import read_table
     from psbench.systems.common import child_env
     from secret_helpers import watch_cmdlines
+    from suite_helpers import assert_local_columns
 
     results = tmp_path / "results"
     env = child_env({"PYSPARK_PYTHON": sys.executable})
@@ -180,9 +181,7 @@ def test_spark_submit_runs_spark_mllib_and_spark_barrier_on_a_standalone_cluster
     assert local.returncode == 0, local.stderr[-3000:]
     submitted, here = load_suite(results / "submitted"), load_suite(results / "local")
     assert sorted(submitted.runs["system"]) == ["spark-barrier", "spark-mllib"]
-    for table in ("steps", "evals", "events"):
-        assert list(getattr(submitted, table).columns) == list(getattr(here, table).columns), table
-    assert set(here.runs.columns) <= set(submitted.runs.columns)
+    assert_local_columns(submitted, here)
     for run_id, manifest in submitted.manifests.items():
         check_spec(manifest["spec"], f"{run_id}/manifest.json", "spec.")
         extra = manifest["extra"]
