@@ -128,14 +128,15 @@ def test_the_job_file_without_psbench_is_one_line(tmp_path: Path):
 
 
 def test_a_submitted_session_is_the_one_runs_use_and_a_second_master_is_refused():
-    """get_session hands every run the submitted session (reused, nothing started) on its master;
-    another master would need a second session: one line."""
+    """get_session hands every run the submitted session on its master (its start recorded once,
+    reused after); another master would need a second session: one line."""
     sc = SimpleNamespace(master="spark://127.0.0.1:7077")
     spark = SimpleNamespace(sparkContext=sc)
-    session.use_submitted_session(spark)
+    session.use_submitted_session(spark, 2.5)
     try:
-        info = session.get_session("spark://127.0.0.1:7077", 2)
-        assert info.spark is spark and info.reused and info.start_s == 0.0
+        first, then = (session.get_session("spark://127.0.0.1:7077", 2) for _ in range(2))
+        assert first.spark is spark and (first.reused, first.start_s) == (False, 2.5)
+        assert then.spark is spark and (then.reused, then.start_s) == (True, 0.0)
         with pytest.raises(ConfigError, match="runs on spark://127.0.0.1:7077; a run on local\\[2\\]"):
             session.get_session("local[2]", 2)
         assert not session.SparkSystem.calibrates_here()
@@ -187,7 +188,7 @@ def test_spark_submit_runs_spark_mllib_and_spark_barrier_on_a_standalone_cluster
         extra = manifest["extra"]
         assert extra["spark_submitted"] is True and extra["spark_master"] == sc.url, run_id
         assert extra["spark_auth"] == "token" and extra["spark_network_crypto"] is True, run_id
-        assert extra["spark_session_reused"] is True and extra["spark_session_start_s"] == 0.0, run_id
+        assert extra["spark_session_reused"] is False and extra["spark_session_start_s"] > 0, run_id
         steps = read_table(results / "submitted" / run_id, "steps")
         assert steps.groupby("worker")["step"].count().to_dict() == {0: 12, 1: 12}, run_id
         assert steps["loss"].notna().all(), run_id

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any, Sequence
 
 from psbench.core.errors import ConfigError
@@ -102,12 +103,13 @@ def run(argv: Sequence[str]) -> int:
     args, options = parse_job_args(argv)
     conf = submitted_conf()
     check_submitted_exposure(conf, options.insecure)
+    start = time.perf_counter()
     spark = open_session(conf, args.workers, getattr(options, "barrier_timeout_s", 300))
     try:
         reason = executor_import_error(spark.sparkContext, args.workers)
         if reason:
             raise ConfigError(reason)
-        use_submitted_session(spark)
+        use_submitted_session(spark, time.perf_counter() - start)  # executors up: as get_session's start
         return cli_main(["run", *argv, "--spark-master", spark.sparkContext.master])
     finally:
         use_submitted_session(None)

@@ -212,13 +212,15 @@ def check_driver_exposure(conf: dict[str, str], insecure: bool) -> None:
 
 _session_secret: str | None = None  # the authentication secret the active session was started with
 _submitted: Any = None  # the SparkSession spark-submit made for this job (use_submitted_session), or None
+_submitted_start_s = 0.0  # what starting it took, until a run has recorded it
 
 
-def use_submitted_session(spark: Any) -> None:
-    """Make `spark`, the session spark-submit created for this job, the one every run uses: its
-    master, addresses and authentication are spark-submit's, and no run starts or stops another."""
-    global _submitted
-    _submitted = spark
+def use_submitted_session(spark: Any, start_s: float = 0.0) -> None:
+    """Make `spark`, the session spark-submit created for this job (in `start_s` seconds), the one
+    every run uses: its master, addresses and authentication are spark-submit's, and no run starts
+    or stops another. The first run records its start as a run that started its session does."""
+    global _submitted, _submitted_start_s
+    _submitted, _submitted_start_s = spark, start_s
 
 
 def submitted_session() -> Any:
@@ -316,7 +318,7 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
                 barrier_timeout_s: int = 300, insecure: bool = False, secret: str | None = None) -> SessionInfo:
     """The active session if it runs on `master` with `extra_conf` (and `secret`, Spark's
     authentication secret), else a fresh one."""
-    global _session_secret
+    global _session_secret, _submitted_start_s
     slots = _local_slots(master)
     if slots is not None and slots < workers:
         raise ConfigError(f"Spark master {master} has {slots} task slot(s), fewer than {workers} workers")
@@ -325,7 +327,8 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
         if master != submitted_master:
             raise ConfigError(f"this job's session (from spark-submit) runs on {submitted_master}; a run on {master} "
                               f"would need a second session: submit the job with --master {master}")
-        return SessionInfo(_submitted, 0.0, True, master)
+        start_s, _submitted_start_s = _submitted_start_s, 0.0
+        return SessionInfo(_submitted, start_s, start_s == 0.0, master)
     check_driver_exposure({"spark.driver.bindAddress": "127.0.0.1", **(extra_conf or {})}, insecure)
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
