@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test test-slow bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker spark-job-zip
+.PHONY: setup test test-slow bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker
 
 # Horovod's build (a few minutes on 2 cores, once: the wheel is cached) is set-up, so `make bench`'s
 # time is its suites'. Where it cannot be built, its runs and tests are skipped with a note.
@@ -92,13 +92,6 @@ docker-image: setup
 # the Spark profile for real; needs root (dockerd) and docker/ci-setup.sh's packages.
 test-docker: setup
 	$(BIN)/python -m pytest -q -s -rs -m docker tests/test_docker_run.py
-
-# The psbench package as one zip for spark-submit --py-files (deploy/spark/psbench_job.py): the
-# executors import it from there; torch, numpy and pyspark come from their own Python.
-spark-job-zip:
-	mkdir -p dist
-	$(PYTHON) -c "import zipfile, pathlib; z = zipfile.ZipFile('dist/psbench.zip', 'w', zipfile.ZIP_DEFLATED); \
-	[z.write(p) for p in sorted(pathlib.Path('psbench').rglob('*')) if p.is_file() and '__pycache__' not in p.parts]"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .benchmarks

@@ -94,7 +94,7 @@ class FakeContext:
 def test_executors_that_cannot_import_psbench_are_one_line():
     assert spark_submit.executor_import_error(FakeContext(importable=True), 2) is None
     line = spark_submit.executor_import_error(FakeContext(importable=False), 2)
-    assert line.startswith("the executors cannot import psbench: ") and "--py-files" in line
+    assert line.startswith("the executors cannot import psbench: ") and "pip install psbench" in line
     assert "spark.executorEnv.PYTHONPATH" in line and "\n" not in line
 
 

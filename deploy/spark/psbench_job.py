@@ -4,7 +4,7 @@ written as `psbench run` writes it. Submit it as it is:
     spark-submit --master spark://HOST:7077 \\
         --conf spark.authenticate=true --conf spark.network.crypto.enabled=true \\
         --properties-file secret.properties \\
-        --py-files dist/psbench.zip \\
+        --conf spark.executorEnv.PYTHONPATH=$PWD \\
         deploy/spark/psbench_job.py --system spark-mllib --workload mlp-digits --workers 2 --results-dir DIR
 
 Its flags are `psbench run`'s (--system spark-mllib|spark-barrier|spark-torch|spark-mllib-native,
@@ -15,8 +15,8 @@ import sys
 try:
     from psbench.bench.spark_submit import main
 except ImportError as exc:
-    print(f"psbench: error: the driver cannot import psbench ({exc}): give spark-submit --py-files "
-          "dist/psbench.zip (make spark-job-zip), or run it with the checkout on PYTHONPATH", file=sys.stderr)
+    print(f"psbench: error: the driver cannot import psbench ({exc}): run spark-submit with "
+          "the checkout on PYTHONPATH, or pip install psbench into the driver's Python (PYSPARK_PYTHON)", file=sys.stderr)
     sys.exit(2)
 
 if __name__ == "__main__":

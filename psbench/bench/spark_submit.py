@@ -13,7 +13,8 @@ here (that needs a local session of its own): cached ones, else none, as the man
 Before any connection: a master or driver beyond loopback needs spark.authenticate (with its
 secret in a --properties-file) or --insecure true, else one line and exit 2. Then one task per
 worker imports psbench on the executors; where that fails, one line names how to ship it
-(--py-files or spark.executorEnv.PYTHONPATH) and the job exits 2."""
+(a checkout on spark.executorEnv.PYTHONPATH, or psbench installed in their Python) and the
+job exits 2."""
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ SYSTEMS = ("spark-mllib", "spark-barrier", "spark-torch", "spark-mllib-native")
 # psbench run's flags that are spark-submit's in a submitted job, and what to give spark-submit instead
 SUBMIT_OWNS = {"spark_master": "--master", "driver_host": "--conf spark.driver.host=ADDR",
                "driver_bind": "--conf spark.driver.bindAddress=ADDR", "spark_conf": "--conf spark.key=value"}
-SHIP_HINT = ("ship it with spark-submit --py-files dist/psbench.zip (make spark-job-zip), or put a checkout every "
-             "host holds at the same path on --conf spark.executorEnv.PYTHONPATH=/path/to/checkout")
+# Not --py-files: psbench reads its data files (device profiles, log4j settings) from the file system,
+# not from inside a zip.
+SHIP_HINT = ("put a checkout every host holds at the same path on --conf spark.executorEnv.PYTHONPATH=/path/to/checkout, "
+             "or pip install psbench into the executors' Python (spark.pyspark.python)")
 
 
 def parse_job_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Any]:
