@@ -137,9 +137,9 @@ def test_psbench_commands_parse():
             except SystemExit as exc:
                 pytest.fail(f"{service}: `{shlex.join(argv)}` is rejected by the psbench parser (exit {exc.code})")
             if argv[1] == "run":
-                from psbench.bench.cli import _options_from_args
+                from psbench.bench.cli import options_from_args
 
-                options = _options_from_args(args, args.system)  # system options such as --spark-master apply
+                options = options_from_args(args, args.system)  # system options such as --spark-master apply
                 assert options["driver_host"] == "spark-driver" and options["driver_bind"] == "0.0.0.0"
 
 

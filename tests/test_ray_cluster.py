@@ -29,6 +29,7 @@ from psbench.systems.base import parse_options
 from psbench.systems.common import child_env
 from psbench.systems.ray_ps.adapter import RayPSOptions, RayPSSystem
 from psbench.systems.ray_ps.cluster import RAY_REMEDY, SPREAD
+from suite_helpers import assert_local_columns
 
 RAY = RayPSSystem.unavailable_reason() is None
 ray_only = pytest.mark.skipif(not RAY, reason="ray not installed: run `make setup` (the `ray` extra)")
@@ -186,9 +187,7 @@ def test_ray_ps_joins_a_two_node_cluster_on_namespace_hosts(tmp_path):
 
         joined, here = load_suite(results / "joined"), load_suite(results / "local")
         assert sorted(joined.runs["opt_consistency"]) == ["asp", "bsp"]
-        for table in ("steps", "evals", "events"):
-            assert list(getattr(joined, table).columns) == list(getattr(here, table).columns), table
-        assert set(here.runs.columns) <= set(joined.runs.columns)
+        assert_local_columns(joined, here)
         assert (joined.runs["final_val_accuracy"] > 0.8).all()
         for run_id, manifest in joined.manifests.items():
             ray_info = manifest["extra"]["ray"]

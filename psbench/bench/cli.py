@@ -138,7 +138,7 @@ def _add_system_option_groups(p: argparse.ArgumentParser) -> None:
                                help=f"{f.metadata.get('help', '')} (default {default})")
 
 
-def _options_from_args(args: argparse.Namespace, system: str) -> dict[str, Any]:
+def options_from_args(args: argparse.Namespace, system: str) -> dict[str, Any]:
     from psbench import systems
     given = {k[4:]: v for k, v in vars(args).items() if k.startswith("opt_") and v is not None}
     allowed = {f.name for f in dataclasses.fields(systems.get_system(system).Options)}
@@ -202,7 +202,7 @@ def _spec_from_args(args: argparse.Namespace, workload: str, workers: int, comma
     spec = RunSpec(system=args.system, workload=workload, workers=workers, seed=args.seed,
                    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
                    max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
-                   options=_options_from_args(args, args.system), emulate_device=args.emulate_device,
+                   options=options_from_args(args, args.system), emulate_device=args.emulate_device,
                    stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)
     check_spec(spec.to_dict(), command, "--")  # e.g. -np 4000: the same bound as a file's
     return spec

@@ -57,6 +57,12 @@ class System:
         """Raise ConfigError at plan time for what the system cannot train at all (before any run starts)."""
 
     @classmethod
+    def calibrates_here(cls) -> bool:
+        """Whether a plan may measure the system's CPU figures now (a few local runs, once); False where
+        those runs would upset the job (one spark-submit made: its one session): cached figures or none."""
+        return True
+
+    @classmethod
     def local_workers(cls, options: Any, workers: int) -> int:
         """The workers a run starts on this machine (a multi-node run's local share): the CPU budget counts these."""
         return workers

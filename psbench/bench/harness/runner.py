@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from psbench.bench.harness.calibration import (CALIBRATION_WORKERS, Measured, RoleFigure, SystemCalibration,
-                                                load_or_calibrate)
+                                                load, load_or_calibrate)
 from psbench.core.cpu import (LAUNCHER, WORKERS, Proc, TreeSampler, active_spans, classifier, measured_cores,
                               usable_cores)
 from psbench.core.emulation import parse_device, parse_stragglers, stall_schedule
@@ -167,13 +167,15 @@ def declared_processes(system_cls: type[System], options: Any, workers: int) -> 
 CALIBRATION_WORKLOAD = "mlp-digits"  # a system's figures are measured once, on this workload
 
 
-def calibrated(spec: RunSpec, system_cls: type[System]) -> SystemCalibration:
+def calibrated(spec: RunSpec, system_cls: type[System]) -> SystemCalibration | None:
     """The system's CPU figures, measured here once (calibration.py) on its calibration workload
     (mlp-digits, or the system's `calibration_workload`): per process and per step, they carry to
     other workloads, whose own gradient CPU the plan measures apart (measured_compute_s). Once per
     system, not per workload: a fresh machine pays a dozen short calibrations, not one per pair."""
     workers = min(CALIBRATION_WORKERS, system_cls.max_workers or CALIBRATION_WORKERS)
     base = RunSpec(spec.system, calibration_workload(system_cls), workers=workers)
+    if not system_cls.calibrates_here():
+        return load(base.system, base.workload)
     return load_or_calibrate(base, lambda: measured_compute_s(base)[0], system_cls.paces_steps,
                              system_cls.calibration_min_step_s, _measure)
 

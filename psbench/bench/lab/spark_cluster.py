@@ -88,6 +88,26 @@ class SparkCluster:
     def driver_env(self) -> dict[str, str]:
         return {"PSBENCH_SPARK_TOKEN": self.token}
 
+    def submit_argv(self, driver_addr: str, folder: Path, job_args: Sequence[str],
+                    conf: dict[str, str] | None = None) -> list[str]:
+        """pyspark's spark-submit of deploy/spark/psbench_job.py to this cluster, as a user types it: the
+        secret in a properties file of this user's only, written into `folder` (never a --conf: `ps`
+        shows command lines), the executors importing this checkout (its path on every host here)."""
+        import pyspark
+
+        from psbench.systems.common import REPO_ROOT
+
+        secret = folder / "secret.properties"
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"spark.authenticate.secret={self.token}\n")
+        settings = {"spark.authenticate": "true", "spark.network.crypto.enabled": "true",
+                    "spark.driver.host": driver_addr, "spark.driver.bindAddress": driver_addr,
+                    "spark.executorEnv.PYTHONPATH": str(REPO_ROOT), "spark.local.dir": str(folder), **(conf or {})}
+        return [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", self.url,
+                "--properties-file", str(secret), *[a for k, v in settings.items() for a in ("--conf", f"{k}={v}")],
+                str(REPO_ROOT / "deploy" / "spark" / "psbench_job.py"), *job_args]
+
     # ---- life cycle ----------------------------------------------------------------------------
     def __enter__(self) -> "SparkCluster":
         try:

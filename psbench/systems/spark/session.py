@@ -31,6 +31,7 @@ from psbench.core.supervisor import python_error
 from psbench.systems.base import System, option
 from psbench.systems.common import child_env
 from psbench.core.errors import ConfigError
+from psbench.core.exposure import address_host
 
 LOCAL_DEFAULT = "local[N]"  # the default master: local mode with one task slot per worker
 _MASTER_RE = re.compile(r"^(local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[.+\]|spark://.+|yarn|k8s://.+)$")
@@ -159,6 +160,10 @@ class SparkSystem(System):
     def unavailable_reason(cls) -> str | None:
         return pyspark_unavailable_reason()
 
+    @classmethod
+    def calibrates_here(cls) -> bool:
+        return _submitted is None  # a calibration run would need a local session beside the submitted one
+
 
 def parse_conf(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
@@ -206,6 +211,47 @@ def check_driver_exposure(conf: dict[str, str], insecure: bool) -> None:
 
 
 _session_secret: str | None = None  # the authentication secret the active session was started with
+_submitted: Any = None  # the SparkSession spark-submit made for this job (use_submitted_session), or None
+_submitted_start_s = 0.0  # what starting it took, until a run has recorded it
+
+
+def use_submitted_session(spark: Any, start_s: float = 0.0) -> None:
+    """Make `spark`, the session spark-submit created for this job (in `start_s` seconds), the one
+    every run uses: its master, addresses and authentication are spark-submit's, and no run starts
+    or stops another. The first run records its start as a run that started its session does."""
+    global _submitted, _submitted_start_s
+    _submitted, _submitted_start_s = spark, start_s
+
+
+def submitted_session() -> Any:
+    return _submitted
+
+
+def master_hosts(master: str) -> list[str]:
+    """The hosts a driver on `master` talks to: none for local modes, spark://'s hosts (a list for
+    a standby master), and the unknown cluster of yarn or k8s:// ('yarn', 'k8s')."""
+    if master.startswith("local"):
+        return []
+    if master.startswith("spark://"):
+        return [address_host(h) or h for h in master[len("spark://"):].split(",")]
+    return ["k8s" if master.startswith("k8s://") else master]
+
+
+def check_submitted_exposure(conf: dict[str, str], insecure: bool) -> None:
+    """A submitted session talks beyond loopback when its master or its driver's address does: then
+    it must run with Spark's authentication (the secret in spark-submit's --properties-file), or
+    the run's option insecure=true; ConfigError (one line) otherwise."""
+    from psbench.core.exposure import check_exposure
+
+    auth = conf.get("spark.authenticate") == "true"
+    remedy = ("submit with --conf spark.authenticate=true --conf spark.network.crypto.enabled=true and "
+              "--properties-file FILE (spark.authenticate.secret=..., the cluster's secret; mode 600), "
+              "or pass --insecure true")
+    for host in master_hosts(conf.get("spark.master", "")):
+        check_exposure(f"the submitted job's master {conf.get('spark.master')}", host, auth, insecure, remedy)
+    driver = (conf.get("spark.driver.bindAddress") or conf.get("spark.driver.host") or os.environ.get("SPARK_LOCAL_IP")
+              or "the machine's host name (Spark's default: no spark.driver.host)")
+    check_exposure("the submitted job's driver", driver, auth, insecure, remedy)
 
 
 @contextmanager
@@ -253,14 +299,36 @@ def pin_jvm_secret(secret: str) -> None:
     jvm.org.apache.hadoop.security.UserGroupInformation.getCurrentUser().addCredentials(credentials)
 
 
+def run_settings(workers: int, barrier_timeout_s: int = 300) -> dict[str, str]:
+    """How a session must behave for psbench's runs, whoever starts it (a submitted job's too)."""
+    return {
+        "spark.ui.enabled": "false",               # its web UI would listen on every address, unauthenticated
+        "spark.ui.showConsoleProgress": "false",
+        "spark.task.maxFailures": "1",             # a failing task fails the run, no silent retries
+        "spark.stage.maxConsecutiveAttempts": "1",
+        "spark.barrier.sync.timeout": str(barrier_timeout_s),  # a lost peer cannot hang allGather forever
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+        "spark.ui.retainedJobs": "100000",         # per-step job timings are read back after the run
+        "spark.ui.retainedStages": "100000",
+        "spark.sql.shuffle.partitions": str(max(1, workers)),
+    }
+
+
 def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = None,
                 barrier_timeout_s: int = 300, insecure: bool = False, secret: str | None = None) -> SessionInfo:
     """The active session if it runs on `master` with `extra_conf` (and `secret`, Spark's
     authentication secret), else a fresh one."""
-    global _session_secret
+    global _session_secret, _submitted_start_s
     slots = _local_slots(master)
     if slots is not None and slots < workers:
         raise ConfigError(f"Spark master {master} has {slots} task slot(s), fewer than {workers} workers")
+    if _submitted is not None:
+        submitted_master = _submitted.sparkContext.master
+        if master != submitted_master:
+            raise ConfigError(f"this job's session (from spark-submit) runs on {submitted_master}; a run on {master} "
+                              f"would need a second session: submit the job with --master {master}")
+        start_s, _submitted_start_s = _submitted_start_s, 0.0
+        return SessionInfo(_submitted, start_s, start_s == 0.0, master)
     check_driver_exposure({"spark.driver.bindAddress": "127.0.0.1", **(extra_conf or {})}, insecure)
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -283,8 +351,6 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
     settings = {
         "spark.master": master,
         "spark.app.name": "psbench",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile=file:{LOG4J_FILE}",
@@ -292,13 +358,7 @@ def get_session(master: str, workers: int, extra_conf: dict[str, str] | None = N
         "spark.executorEnv.OMP_NUM_THREADS": "1",
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.pyspark.python": sys.executable,
-        "spark.task.maxFailures": "1",             # a failing task fails the run, no silent retries
-        "spark.stage.maxConsecutiveAttempts": "1",
-        "spark.barrier.sync.timeout": str(barrier_timeout_s),  # a lost peer cannot hang allGather forever
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
-        "spark.ui.retainedJobs": "100000",         # per-step job timings are read back after the run
-        "spark.ui.retainedStages": "100000",
-        "spark.sql.shuffle.partitions": str(max(1, workers)),
+        **run_settings(workers, barrier_timeout_s),
         "spark.driver.memory": "2g",
         **extra_conf,
     }
@@ -439,12 +499,18 @@ def start_session(spec: Any, options: SparkOptions, recorder: Any, **session_kw:
     from psbench.systems.common import configure_threads
 
     configure_threads(1)
-    token = os.environ.get("PSBENCH_SPARK_TOKEN") or None
-    conf = options.driver_conf(token)
-    session = get_session(options.master(spec.workers), spec.workers, conf, insecure=options.insecure, secret=token,
-                          **session_kw)
+    if _submitted is not None:  # spark-submit set the master, addresses and secret: record what it set
+        conf = dict(_submitted.sparkContext.getConf().getAll())
+        check_submitted_exposure(conf, options.insecure)
+        session = get_session(options.master(spec.workers), spec.workers)
+    else:
+        token = os.environ.get("PSBENCH_SPARK_TOKEN") or None
+        conf = options.driver_conf(token)
+        session = get_session(options.master(spec.workers), spec.workers, conf, insecure=options.insecure,
+                              secret=token, **session_kw)
     recorder.extra.update(spark_session_start_s=session.start_s, spark_session_reused=session.reused,
-                          spark_master=session.master, spark_driver=conf["spark.driver.host"],
+                          spark_master=session.master, spark_driver=conf.get("spark.driver.host", ""),
+                          spark_submitted=_submitted is not None,
                           spark_auth="token" if conf.get("spark.authenticate") == "true" else
                           "insecure" if options.insecure else "loopback",
                           # read back from the running JVM's conf: what the RPC really does
