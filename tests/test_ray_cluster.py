@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from psbench.systems.base import parse_options
 from psbench.systems.common import child_env
 from psbench.systems.ray_ps.adapter import RayPSOptions, RayPSSystem
 from psbench.systems.ray_ps.cluster import RAY_REMEDY, SPREAD
-from suite_helpers import assert_local_columns
+from suite_helpers import assert_local_columns, recorded_locally
 
 RAY = RayPSSystem.unavailable_reason() is None
 ray_only = pytest.mark.skipif(not RAY, reason="ray not installed: run `make setup` (the `ray` extra)")
@@ -180,12 +179,7 @@ def test_ray_ps_joins_a_two_node_cluster_on_namespace_hosts(tmp_path):
                               "mlp-digits", "-np", "2", "--consistency", consistency, "--ray-address", address,
                               "--results-dir", str(results), "--suite", "joined"], env=env, timeout=300)
             assert run.returncode == 0, run.stderr[-3000:]
-        local = subprocess.run([sys.executable, "-m", "psbench", "run", "--system", "ray-ps", "--workload",
-                                "mlp-digits", "-np", "2", "--allow-oversubscribe", "--results-dir", str(results),
-                                "--suite", "local"], env=child_env(), capture_output=True, text=True, timeout=300)
-        assert local.returncode == 0, local.stderr[-3000:]
-
-        joined, here = load_suite(results / "joined"), load_suite(results / "local")
+        joined, here = load_suite(results / "joined"), recorded_locally(results, "ray-ps", {"consistency": "asp"})
         assert sorted(joined.runs["opt_consistency"]) == ["asp", "bsp"]
         assert_local_columns(joined, here)
         assert (joined.runs["final_val_accuracy"] > 0.8).all()

@@ -149,7 +149,7 @@ JOB_ARGS = ["--workload", "mlp-digits", "--workers", "2", "--max-steps", "12", "
             "--no-progress"]
 
 
-@pytest.mark.slow   # ~2 min: two spark-submit jobs and a local run for the columns
+@pytest.mark.slow   # ~1.5 min: two spark-submit jobs
 @pytest.mark.spark
 @pytest.mark.skipif(session.pyspark_unavailable_reason() is not None, reason=f"{session.pyspark_unavailable_reason()}")
 def test_spark_submit_runs_spark_mllib_and_spark_barrier_on_a_standalone_cluster(tmp_path: Path):
@@ -164,7 +164,7 @@ def test_spark_submit_runs_spark_mllib_and_spark_barrier_on_a_standalone_cluster
     from psbench.core.tables import read_table
     from psbench.systems.common import child_env
     from secret_helpers import watch_cmdlines
-    from suite_helpers import assert_local_columns
+    from suite_helpers import assert_local_columns, recorded_locally
 
     results = tmp_path / "results"
     env = child_env({"PYSPARK_PYTHON": sys.executable})
@@ -177,10 +177,7 @@ def test_spark_submit_runs_spark_mllib_and_spark_barrier_on_a_standalone_cluster
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == 0, err[-3000:]
             assert watch.leaks == [] and watch.seen == {"SparkSubmit", "CoarseGrainedExecutorBackend"}, watch
-    local = subprocess.run([sys.executable, "-m", "psbench", "run", "--system", "spark-mllib", *JOB_ARGS,
-                            "--results-dir", str(results), "--suite", "local"], env=env, capture_output=True, text=True)
-    assert local.returncode == 0, local.stderr[-3000:]
-    submitted, here = load_suite(results / "submitted"), load_suite(results / "local")
+    submitted, here = load_suite(results / "submitted"), recorded_locally(results, "spark-mllib")
     assert sorted(submitted.runs["system"]) == ["spark-barrier", "spark-mllib"]
     assert_local_columns(submitted, here)
     for run_id, manifest in submitted.manifests.items():
