@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from psbench.bench import cli
-from psbench.bench.harness.matrix import expand, load_config, load_experiment
+from psbench.bench.harness.matrix import expand, load_experiment
+from psbench.core.configfile import load_config
 from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.schema import MAX_WORKERS, check_experiment, check_manifest
 from psbench.bench.harness import store

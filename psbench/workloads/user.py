@@ -29,12 +29,12 @@ import importlib.util
 import os
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from psbench.core.configfile import load_config
 from psbench.core.errors import ConfigError
 from psbench.workloads.datasets import Dataset
 
@@ -255,12 +255,7 @@ def workload_fields(name: str) -> dict[str, Any]:
 
 def _file_fields(path: Path) -> dict[str, Any]:
     where = f"workload file {path}"
-    if not path.is_file():
-        raise ConfigError(f"{where} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    raw = load_config(path, "workload file")
     unknown = sorted(set(raw) - set(FILE_KEYS))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(FILE_KEYS)}")

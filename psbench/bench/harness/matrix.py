@@ -32,12 +32,12 @@ first (schema.py), so a bad file is one line naming the field.
 from __future__ import annotations
 
 import itertools
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from psbench.bench.harness.schema import check_experiment
+from psbench.core.configfile import load_config
 from psbench.core.spec import RunSpec
 from psbench.core.errors import ConfigError
 from psbench.workloads.user import canonical_name, pair_name
@@ -63,31 +63,6 @@ class Experiment:
         """Where its runs go: quick runs have their own folder, so they never mix with full runs
         in one report (and a full run never resumes from a quick one's records)."""
         return f"{self.suite}-quick" if self.quick else self.suite
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            return tomllib.loads(text)
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            try:
-                loaded = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-            if not isinstance(loaded, dict):
-                raise ConfigError(f"{path}: the top level must be a mapping")
-            return loaded
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
-    raise ConfigError(f"config file {path}: use .toml, .yaml or .yml")
 
 
 def _as_list(value: Any) -> list[Any]:

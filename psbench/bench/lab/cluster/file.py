@@ -216,6 +216,6 @@ def _check_system_options(system: str, options: dict[str, Any], source: str) -> 
 
 
 def load(path: Path) -> ClusterFile:
-    from psbench.bench.harness.matrix import load_config
+    from psbench.core.configfile import load_config
 
     return parse(load_config(path), str(path))
