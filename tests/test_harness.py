@@ -163,6 +163,10 @@ def test_yaml_configs_work_too(tmp_path: Path) -> None:
     config.write_text("suite: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_experiment(config)
+    binary = tmp_path / "exp.toml"
+    binary.write_bytes(b"\xff\xfe suite")  # not UTF-8: one line, as a parse error is
+    with pytest.raises(ConfigError, match="exp.toml: not valid TOML: 'utf-8' codec"):
+        load_experiment(binary)
 
 
 def test_corrupt_manifest_counts_as_incomplete(results_dir: Path) -> None:
