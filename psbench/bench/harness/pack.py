@@ -2,8 +2,9 @@
 reference of thousands of runs is a few MB in a few files.
 
 The packed suite is read back and compared with the folders, run by run and row by row, before any
-folder is removed, at the precision the packed form keeps (store.PRECISION: times are stored as
-whole microseconds); a suite already packed takes the new folders in beside what it holds.
+folder is removed, at the precision the packed form keeps (store.PRECISION: t_wall in ticks of its
+clock, a step's time parts in nanoseconds); a suite already packed takes the new folders in beside
+what it holds.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def pack_suite(suite_dir: Path) -> PackReport:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("suite", type=Path, nargs="+", help="suite folder(s), results/<suite>")
     p.epilog = ("example: psbench pack results/reference/*/   # each suite's runs into <suite>/records/ "
-                "(runs, steps, evals, events: Parquet, zstd, times in whole microseconds); report, thesis and "
+                "(runs, steps, evals, events: Parquet, zstd, times in whole ticks of their clocks); report, thesis and "
                 "compare read either form")
 
 
