@@ -14,6 +14,7 @@ manifest. What the slow test does not reproduce, as no cluster, operator or imag
   resolve to an address not in them (a pod's hostname resolves to the pod's address)."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import secrets
@@ -183,8 +184,8 @@ def replica_command(job: dict, rtype: str, index: int, root: Path, token: str) -
         else:
             folder = root / f"{rtype.lower()}-{index}" / name
         folder.mkdir(parents=True, exist_ok=True)
-        if "secret" in volume:
-            for item in volume["secret"]["items"]:
+        for item in volume.get("secret", {}).get("items", []):
+            if not (folder / item["path"]).exists():   # the replicas' one Secret
                 (folder / item["path"]).write_text(token + "\n")
                 (folder / item["path"]).chmod(volume["secret"]["defaultMode"])
         folders[mount] = folder
@@ -196,30 +197,47 @@ def replica_command(job: dict, rtype: str, index: int, root: Path, token: str) -
     return [sys.executable, "-m", "torch.distributed.run", *argv[1:]], folders[arg_after(box["args"], "--results-dir")]
 
 
-def run_job(lab, system: str, root: Path) -> tuple[float, dict]:
-    """Every replica of the job's manifest on its own namespace host, Master on host 0; its wall
-    time and the run's manifest, checked against a local run's columns."""
+def start_job(lab, system: str, root: Path, first_host: int) -> tuple[list[subprocess.Popen], str]:
+    """Every replica of the job's manifest on its own namespace host, the Master on `first_host`,
+    its output in root/logs/<replica>.log; the processes and the job's token."""
     from psbench.systems.common import child_env
 
     job, token = pytorchjob(system), secrets.token_hex(16)
     base = {k: v for k, v in child_env().items() if not ENGINE_VARIABLES.match(k)}
-    master = f"{job['metadata']['name']}-master-0"
-    began, procs, staging = time.monotonic(), [], []
-    for host, (rtype, index) in enumerate(replicas(job)):
+    master, procs = f"{job['metadata']['name']}-master-0", []
+    for host, (rtype, index) in enumerate(replicas(job), start=first_host):
         argv, cwd = replica_command(job, rtype, index, root, token)
-        env = {**base, **{k: lab.addr(0) if v == master else v for k, v in container_env(job, rtype, index).items()},
-               "GLOO_SOCKET_IFNAME": "veth0"}
-        staging.append(cwd)
-        procs.append(lab.exec(host, argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True))
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    wall = time.monotonic() - began
+        env = {**base, **{k: lab.addr(first_host) if v == master else v
+                          for k, v in container_env(job, rtype, index).items()}, "GLOO_SOCKET_IFNAME": "veth0"}
+        (root / "logs").mkdir(exist_ok=True)
+        with open(root / "logs" / f"{rtype.lower()}-{index}.log", "wb") as log:
+            procs.append(lab.exec(host, argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT))
+    return procs, token
+
+
+def wait_jobs(started: dict[str, list[subprocess.Popen]], began: float, timeout_s: float) -> dict[str, float]:
+    """Until every process has ended; each job's wall time from `began` to its last replica's end."""
+    ended: dict[str, float] = {}
+    while len(ended) < len(started):
+        for system, procs in started.items():
+            if system not in ended and all(p.poll() is not None for p in procs):
+                ended[system] = time.monotonic() - began
+        assert time.monotonic() - began < timeout_s, f"jobs not done after {timeout_s} s: {set(started) - set(ended)}"
+        time.sleep(0.1)
+    return ended
+
+
+def check_job(system: str, root: Path, procs: list[subprocess.Popen], token: str) -> dict:
+    """Every replica ended well, rank 0 wrote one run folder onto the claim's folder, with a local
+    run's columns, and the workers' emptyDirs kept nothing; the run's manifest."""
+    job = pytorchjob(system)
+    outs = [log.read_text(errors="replace") for log in sorted((root / "logs").iterdir())]
     assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(o[-3000:] for o in outs)
     box = container(job, "Master")
     suite = root / "pvc" / "psbench-results" / arg_after(box["args"], "--suite")
-    assert staging[0] == suite.parent and len(list(suite.glob("*/manifest.json"))) == 1, list(root.rglob("*"))
+    assert len(list(suite.glob("*/manifest.json"))) == 1, list(root.rglob("*"))
     assert not [p for p in suite.iterdir() if p.name.startswith(".")], "rank 0 left staging behind"
-    assert not [p for folder in staging[1:] for p in folder.rglob("*") if p.is_file()], "a worker kept files"
+    assert not [p for p in root.glob("worker-*/**/*") if p.is_file()], "a worker kept files"
     gathered = load_suite(suite)
     assert_local_columns(gathered, recorded_locally(root / "local", system))
     world, steps = len(replicas(job)), int(arg_after(box["args"], "--max-steps"))
@@ -227,7 +245,7 @@ def run_job(lab, system: str, root: Path) -> tuple[float, dict]:
     assert float(gathered.runs["final_val_accuracy"][0]) > 0.3   # chance is 0.1 on digits
     manifest = gathered.manifests[gathered.runs["run_id"][0]]
     assert token not in json.dumps(manifest) and not [o for o in outs if token in o]
-    return wall, manifest
+    return manifest
 
 
 REASON = netlab.unavailable_reason()
@@ -237,17 +255,22 @@ REASON = netlab.unavailable_reason()
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=f"netlab: {REASON}")
 def test_container_commands_with_the_operators_environment_in_namespace_hosts(tmp_path):
+    """Both jobs at once, each on its own hosts (the ddp job's Master on host 0, the ps job's after
+    the ddp job's replicas)."""
     from psbench.bench.lab.netlab import NetLab
 
-    hosts = max(len(replicas(pytorchjob(system))) for system in JOB_FILES)
-    with NetLab(hosts=hosts) as lab:
-        walls = {}
-        for system in sorted(JOB_FILES):
-            walls[system], manifest = run_job(lab, system, tmp_path / system)
-            launch = manifest["extra"]["launch"]
+    systems = sorted(JOB_FILES)
+    first = dict(zip(systems, [0, *itertools.accumulate(len(replicas(pytorchjob(s))) for s in systems)]))
+    with NetLab(hosts=sum(len(replicas(pytorchjob(s))) for s in systems)) as lab:
+        began = time.monotonic()
+        started = {s: start_job(lab, s, tmp_path / s, first[s]) for s in systems}
+        walls = wait_jobs({s: procs for s, (procs, _) in started.items()}, began, timeout_s=120)
+        for system in systems:
+            launch = check_job(system, tmp_path / system, *started[system])["extra"]["launch"]
             assert launch["engine"] == "torchrun" and launch["store"] == "torchrun agent"
-            assert launch["world"] == len(replicas(pytorchjob(system))) and launch["master_addr"] == lab.addr(0)
-            assert launch["clock"]["within_bound"] is True
+            assert launch["world"] == len(replicas(pytorchjob(system)))
+            assert launch["master_addr"] == lab.addr(first[system]) and launch["clock"]["within_bound"] is True
             if system == "ps":
-                assert launch["store_auth"] == "token" and launch["shards"][0].startswith(lab.addr(0) + ":")
-    print("PyTorchJob container commands in namespace hosts: " + ", ".join(f"{s} {w:.1f} s" for s, w in walls.items()))
+                assert launch["store_auth"] == "token" and launch["shards"][0].startswith(lab.addr(first[system]) + ":")
+    print("PyTorchJob container commands in namespace hosts, both jobs at once: "
+          + ", ".join(f"{s} {w:.1f} s" for s, w in sorted(walls.items())))
