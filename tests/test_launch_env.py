@@ -2,6 +2,7 @@
 ranks to roles, the store's clock offsets and file hand-over, and the CLI's one-line refusals."""
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
 
@@ -11,7 +12,9 @@ from psbench.bench.cli import main
 from psbench.bench.lab.launch.env import LaunchEnv, Role, first_host, read_env, role_of, workers_of
 from psbench.bench.lab.launch.rendezvous import (Offset, clock_record, estimate_offset, measure_offsets,
                                                  receive_files, send_files)
+from psbench.bench.lab.launch.run import agree_on_run
 from psbench.core.errors import ConfigError
+from psbench.core.spec import RunSpec
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
             "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -102,6 +105,26 @@ def test_offsets_and_files_through_a_store(tmp_path):
     client.set("files/2", '["rank1.meta.json"]')
     with pytest.raises(RuntimeError, match="rank 2 sent a file named 'rank1.meta.json'"):
         receive_files(server, [2], tmp_path / "b", lambda r: rf"rank{r}\.meta\.json")
+
+
+def test_ranks_given_other_settings_fail_in_one_line_and_a_token_files_path_is_not_the_run(tmp_path):
+    """The token file's path is where a secret lies, not the run: ranks handed it at other paths are one run.
+    Other settings are another run: both sides say which, instead of waiting under other run ids."""
+    import torch.distributed as dist
+
+    spec = RunSpec("ps", "mlp-digits", workers=2, options={"token_file": "/a/token", "lr": 0.1})
+    assert spec.run_id == RunSpec("ps", "mlp-digits", workers=2, options={"token_file": "/b/token", "lr": 0.1}).run_id
+    other = RunSpec("ps", "mlp-digits", workers=2, seed=3, options={"token_file": "/b/token", "lr": 0.2})
+    assert other.run_id != spec.run_id
+    same = dist.HashStore()
+    same.set("psbench-launch/settings/1", json.dumps(spec.hashed_settings(), default=str))
+    agree_on_run(same, spec, 0, 2)          # rank 1 showed the same run
+    agree_on_run(same, spec, 1, 2)
+    for rank, mine, theirs in ((0, spec, other), (1, other, spec)):
+        store = dist.HashStore()
+        store.set(f"psbench-launch/settings/{1 - rank}", json.dumps(theirs.hashed_settings(), default=str))
+        with pytest.raises(ConfigError, match=r"\(options\.lr, seed differ\): every rank of a launched job"):
+            agree_on_run(store, mine, rank, 2)
 
 
 @pytest.mark.parametrize("argv, said", [

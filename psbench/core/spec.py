@@ -11,6 +11,9 @@ from psbench.core.errors import ConfigError
 
 
 OPTIONAL_IN_HASH = ("emulate_device", "stragglers", "budget", "eval_every_s")
+# Where a run's secret is read from, not what the run is: ranks handed one token by different paths
+# run one experiment, under one run id.
+LOCATION_OPTIONS = ("token_file",)
 
 
 def budget_kind(budget: str) -> str | None:
@@ -91,12 +94,18 @@ class RunSpec:
             raise ConfigError(f"unknown run setting(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
         return cls(**raw)
 
-    def config_hash(self) -> str:
-        """Stable over runs and machines; data_dir is excluded (same data, other path), and so are
-        the cluster-condition settings when unset, so runs made before they existed keep their hash."""
+    def hashed_settings(self) -> dict[str, Any]:
+        """What the run id stands for: every setting but where data and secrets are read from
+        (data_dir, LOCATION_OPTIONS), and the cluster-condition settings only when set, so runs
+        made before they existed keep their hash."""
         payload = {k: v for k, v in self.to_dict().items()
                    if k != "data_dir" and not (k in OPTIONAL_IN_HASH and v is None)}
-        return hashlib.sha1(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        payload["options"] = {k: v for k, v in payload["options"].items() if k not in LOCATION_OPTIONS}
+        return payload
+
+    def config_hash(self) -> str:
+        """Stable over runs and machines (hashed_settings)."""
+        return hashlib.sha1(json.dumps(self.hashed_settings(), sort_keys=True, default=str).encode()).hexdigest()[:10]
 
     @property
     def run_id(self) -> str:

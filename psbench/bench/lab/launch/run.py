@@ -46,6 +46,36 @@ def remove_staging(job: Path) -> None:
         pass   # another rank of this host still has its own there
 
 
+def settings_differ(mine: dict, theirs: dict) -> list[str]:
+    """The settings two ranks' runs differ in (options named options.NAME)."""
+    flat = [({**{k: v for k, v in d.items() if k != "options"},
+              **{f"options.{k}": v for k, v in d.get("options", {}).items()}}) for d in (mine, theirs)]
+    return sorted(k for k in set(flat[0]) | set(flat[1]) if flat[0].get(k) != flat[1].get(k))
+
+
+def agree_on_run(raw_store, spec: RunSpec, rank: int, world: int) -> None:
+    """Every rank shows its run's settings; rank 0 checks all of them and every other rank checks
+    rank 0's. Ranks given other settings would meet under other run ids and wait there until the
+    store's timeout; here it is one line naming the settings."""
+    mine = spec.hashed_settings()
+    raw_store.set(f"psbench-launch/settings/{rank}", json.dumps(mine, sort_keys=True, default=str))
+    for other in (range(1, world) if rank == 0 else [0]):
+        theirs = json.loads(raw_store.get(f"psbench-launch/settings/{other}"))
+        differ = settings_differ(json.loads(json.dumps(mine, default=str)), theirs)
+        if differ:
+            raise ConfigError(f"rank {other} was given another run than rank {rank} ({', '.join(differ)} differ): "
+                              f"every rank of a launched job takes the same settings")
+
+
+def job_store(env: LaunchEnv, spec: RunSpec, timeout_s: float):
+    """The job's store under this run's prefix, once the ranks agree on the run."""
+    import torch.distributed as dist
+
+    raw = connect(env, timeout_s)
+    agree_on_run(raw, spec, env.rank, env.world)
+    return dist.PrefixStore(f"psbench-launch/{spec.run_id}", raw)
+
+
 def launch_record(env: LaunchEnv, offsets: dict, store_auth: str) -> dict:
     """The manifest's extra.launch; a warning when the ranks' clocks differ beyond the bound."""
     clock = clock_record(offsets)
@@ -74,7 +104,7 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
     check_exposure("ddp's rendezvous store (MASTER_ADDR)", env.master_addr, None, options.insecure, DDP_REMEDY)
     if is_loopback(env.master_addr):   # gloo picks its interface from the hostname unless told
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    store = dist.PrefixStore(f"psbench-launch/{spec.run_id}", connect(env, options.timeout_s))
+    store = job_store(env, spec, options.timeout_s)
     offsets = measure_offsets(store, env.rank, env.world)
     job = staging_dir(results_dir, suite, spec, env.rank)
     try:
@@ -141,8 +171,6 @@ def run_ps(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
     (`ps-worker`'s main, here); the shards' addresses go through the store signed with the job's
     token. Rank 0, after every worker's rows have come, fetches the final parameters and shuts the
     shards down (the cluster launcher's ps-fetch) and records the run as a cluster run's files."""
-    import torch.distributed as dist
-
     from psbench.bench.harness.runner import data_provenance, failure_kept
     from psbench.bench.lab.cluster.records import collect_ps_files, ps_fetch
     from psbench.bench.lab.cluster.roles import ps_server_args, ps_worker_args
@@ -161,7 +189,7 @@ def run_ps(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
     os.environ[TOKEN_ENV] = token   # where this rank's PS roles read it (never a command line)
     role = role_of("ps", env.rank, env.world, options.servers)
     timeout_s = options.step_timeout_s + 600.0
-    store = dist.PrefixStore(f"psbench-launch/{spec.run_id}", connect(env, timeout_s))
+    store = job_store(env, spec, timeout_s)
     offsets = measure_offsets(store, env.rank, env.world)
     job = staging_dir(results_dir, suite, spec, env.rank)
     server = None
