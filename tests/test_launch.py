@@ -16,8 +16,10 @@ from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.runner import run_all
 from psbench.bench.lab import netlab
 from psbench.core.spec import RunSpec
+from psbench.systems.horovod.adapter import HorovodSystem
 
 pytestmark = pytest.mark.slow
+HOROVOD = HorovodSystem.unavailable_reason()
 WORKLOAD, STEPS = "mlp-digits", 30
 
 
@@ -69,6 +71,18 @@ def test_torchrun_ps_one_shard_two_workers(tmp_path):
     assert set(launch["clock"]["offsets_s"]) == {"0", "1", "2"} and launch["clock"]["within_bound"] is True
     assert "launch-test-token" not in json.dumps(manifest)
     print(f"torchrun ps 1 shard + 2 workers: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
+
+
+@pytest.mark.skipif(HOROVOD is not None, reason=f"{HOROVOD}")
+def test_torchrun_horovod_two_ranks_without_horovodrun(tmp_path):
+    wall, out = torchrun(2, ["--system", "horovod"], tmp_path / "r")
+    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec("horovod", WORKLOAD, workers=2, max_steps=STEPS),
+                                tmp_path, same_accuracy=True)
+    launch = manifest["extra"]["launch"]
+    assert launch["engine"] == "torchrun" and launch["world"] == 2 and launch["store_auth"] == "loopback"
+    assert launch["horovod_rendezvous"].startswith("127.0.0.1:") and launch["hosts"] == ["127.0.0.1"]
+    assert set(launch["clock"]["offsets_s"]) == {"0", "1"} and launch["clock"]["within_bound"] is True
+    print(f"torchrun horovod 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
 
 
 def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str]) -> tuple[float, dict]:
@@ -141,12 +155,14 @@ def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):
     print(f"Open MPI variables, ddp 2 ranks: {wall:.1f} s wall")
 
 
-def test_a_failing_rank_says_why_in_one_line_and_leaves_no_run(tmp_path):
+@pytest.mark.parametrize("system", ["ddp", pytest.param("horovod", marks=pytest.mark.skipif(
+    HOROVOD is not None, reason=f"{HOROVOD}"))])
+def test_a_failing_rank_says_why_in_one_line_and_leaves_no_run(tmp_path, system):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "psbench",
-            "launch", "--system", "ddp", "--workload", WORKLOAD, "--max-steps", str(STEPS),
+            "launch", "--system", system, "--workload", WORKLOAD, "--max-steps", str(STEPS),
             "--results-dir", str(tmp_path / "r"), "--suite", "launched"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
                           env={**os.environ, "PSBENCH_INJECT_FAULT": "1:5"})
     assert done.returncode != 0
-    assert "psbench: run failed: ddp worker rank 1 failed: RuntimeError: injected fault at step 5" in done.stderr
+    assert f"psbench: run failed: {system} worker rank 1 failed: RuntimeError: injected fault at step 5" in done.stderr
     assert not list((tmp_path / "r" / "launched").glob("*/manifest.json"))
