@@ -3,8 +3,10 @@ rank 0 gathers reads back (load_suite) with a local run's columns and trains as 
 job starts its ranks and torchrun's agent (~10 s on 2 cores), and the local twin runs beside it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -85,13 +87,18 @@ def test_torchrun_horovod_two_ranks_without_horovodrun(tmp_path):
     print(f"torchrun horovod 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
 
 
-def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str]) -> tuple[float, dict]:
+def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str], hostnames: bool = False) -> tuple[float, dict]:
     """`torchrun --nnodes 2 --rdzv-endpoint <host 0>:port` on each of two namespace hosts (c10d
-    rendezvous; host 0 told to serve it: its 198.18 address is not the machine's hostname's)."""
+    rendezvous; host 0 told to serve it: its 198.18 address is not the machine's hostname's).
+    `hostnames`: each host's /etc/hosts maps the machine's hostname to its lab address."""
     from psbench.bench.lab.netlab import NetLab
+    from psbench.bench.lab.sshlab import write_hostname_at_lab_address
     from psbench.systems.common import child_env
 
-    with NetLab(hosts=2) as lab:
+    with NetLab(hosts=2) as lab, contextlib.ExitStack() as cleanup:
+        if hostnames:
+            for host in range(2):
+                cleanup.callback(shutil.rmtree, write_hostname_at_lab_address(lab, host), True)
         env = {**child_env(), "GLOO_SOCKET_IFNAME": "veth0", "PSBENCH_PS_TOKEN": "two-hosts-token"}
         began, procs = time.monotonic(), []
         for node in range(2):
@@ -126,6 +133,22 @@ def test_torchrun_across_two_namespace_hosts(tmp_path):
         assert float(run.runs["final_val_accuracy"][0]) > 0.3
     assert ps["extra"]["launch"]["shards"][0].startswith("198.18.")
     print(f"two namespace hosts: ddp 2 ranks {wall_ddp:.1f} s, ps 1+3 ranks {wall_ps:.1f} s wall")
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None or HOROVOD is not None, reason=f"netlab: {REASON}; horovod: {HOROVOD}")
+def test_torchrun_horovod_across_two_namespace_hosts(tmp_path):
+    """2 ranks a host: Horovod's local and cross communicators both span two ranks. The hosts'
+    hostnames resolve to their own addresses, as on a cluster (launch/horovod.py check_hostnames)."""
+    wall, manifest = _two_hosts("horovod", 2, tmp_path, ["--insecure", "true"], hostnames=True)
+    launch = manifest["extra"]["launch"]
+    assert launch["world"] == 4 and launch["master_addr"].startswith("198.18.") and launch["store_auth"] == "insecure"
+    assert len(launch["hosts"]) == 2 and all(h.startswith("198.18.") for h in launch["hosts"])
+    assert launch["horovod_rendezvous"].partition(":")[0] in launch["hosts"]
+    assert launch["clock"]["within_bound"] is True and len(launch["clock"]["offsets_s"]) == 4
+    run = load_suite(next(tmp_path.glob("node*/launched")))
+    assert float(run.runs["final_val_accuracy"][0]) > 0.3 and len(run.steps) == 4 * STEPS
+    print(f"two namespace hosts: horovod 2+2 ranks {wall:.1f} s wall")
 
 
 def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):

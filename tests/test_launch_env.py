@@ -13,7 +13,7 @@ from psbench.bench.lab.launch import run as launch_run
 from psbench.bench.lab.launch.env import LaunchEnv, Role, first_host, read_env, role_of, workers_of
 from psbench.bench.lab.launch.rendezvous import (Offset, clock_record, estimate_offset, measure_offsets,
                                                  receive_files, send_files)
-from psbench.bench.lab.launch.horovod import rank_env, slot_plan
+from psbench.bench.lab.launch.horovod import check_hostnames, rank_env, slot_plan
 from psbench.core.errors import ConfigError
 from psbench.systems.horovod.adapter import HorovodSystem
 
@@ -164,3 +164,11 @@ def test_horovod_beyond_loopback_without_insecure_is_refused_before_any_rendezvo
     err = capsys.readouterr().err
     assert code == 2 and "198.18.0.1" in err and "--insecure true" in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+def test_horovod_across_hosts_needs_hostnames_beyond_loopback():
+    check_hostnames(["127.0.0.1", "127.0.0.1"], ["127.0.1.1", "127.0.1.1"])   # one host: loopback is right
+    check_hostnames(["198.18.0.1", "198.18.0.2"], ["198.18.0.1", "198.18.0.2"])
+    with pytest.raises(ConfigError, match=r"hostname of host 198\.18\.0\.2 resolves to 127\.0\.1\.1;.*map the "
+                                          r"hostname to 198\.18\.0\.2 in that host's /etc/hosts"):
+        check_hostnames(["198.18.0.1", "198.18.0.2"], ["198.18.0.1", "127.0.1.1"])

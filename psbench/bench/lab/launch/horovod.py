@@ -5,6 +5,7 @@ address rather than every interface) and each rank gets the environment hvd.init
 horovodrun's own functions."""
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Sequence
 
@@ -40,6 +41,30 @@ def interface_of(address: str) -> str:
         if any(a.address == address for a in addresses):
             return name
     raise ConfigError(f"no network interface of this host holds {address}: name one with --network-interface")
+
+
+def hostname_address() -> str:
+    """The address this host's hostname resolves to first, as gloo's hostname lookup finds it ('' if
+    it does not resolve)."""
+    try:
+        return str(socket.getaddrinfo(socket.gethostname(), None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0])
+    except OSError:
+        return ""
+
+
+def check_hostnames(hosts: Sequence[str], hostname_addresses: Sequence[str]) -> None:
+    """Across hosts, every host's hostname must resolve beyond loopback: Horovod 0.28's gloo makes
+    its process sets' device from the hostname (HOROVOD_GLOO_IFACE is used for the global context
+    only), so a host whose hostname says 127.0.x.x advertises loopback to its peers and the job
+    aborts in gloo's connect. On one host loopback is right."""
+    if len(set(hosts)) < 2:
+        return
+    bad = sorted({(host, addr) for host, addr in zip(hosts, hostname_addresses) if is_loopback(addr)})
+    if bad:
+        host, addr = bad[0]
+        raise ConfigError(f"horovod across hosts: the hostname of host {host} resolves to {addr}; Horovod's gloo "
+                          f"binds its process sets to the hostname's address (HOROVOD_GLOO_IFACE notwithstanding), "
+                          f"which its peers cannot reach: map the hostname to {host} in that host's /etc/hosts")
 
 
 def rank_env(slot, rendezvous_addr: str, rendezvous_port: int, interface: str) -> dict[str, str]:

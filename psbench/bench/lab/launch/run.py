@@ -88,7 +88,8 @@ def run_horovod(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, re
     would have given it before hvd.init()."""
     import torch.distributed as dist
 
-    from psbench.bench.lab.launch.horovod import Rendezvous, interface_of, rank_env, slot_plan
+    from psbench.bench.lab.launch.horovod import (Rendezvous, check_hostnames, hostname_address, interface_of,
+                                                  rank_env, slot_plan)
     from psbench.systems.base import parse_options
     from psbench.systems.horovod.adapter import NOT_INSTALLED, HorovodOptions, HorovodSystem
     from psbench.systems.horovod.worker import HorovodComm
@@ -101,8 +102,10 @@ def run_horovod(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, re
     interface = options.network_interface or interface_of(host)
     store = dist.PrefixStore(f"psbench-launch/{spec.run_id}", connect(env, options.timeout_s))
     offsets = measure_offsets(store, env.rank, env.world)
-    store.set(f"horovod/host/{env.rank}", host)
-    plan = slot_plan([store.get(f"horovod/host/{r}").decode() for r in range(env.world)])
+    store.set(f"horovod/host/{env.rank}", json.dumps([host, hostname_address()]))
+    hosts, named = zip(*(json.loads(store.get(f"horovod/host/{r}")) for r in range(env.world)))
+    check_hostnames(list(hosts), list(named))   # on every rank: each leaves with the same line
+    plan = slot_plan(hosts)
     server = Rendezvous(host, plan) if env.rank == 0 else None
     try:
         if server is not None:
