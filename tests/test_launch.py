@@ -22,6 +22,7 @@ from psbench.systems.horovod.adapter import HorovodSystem
 
 pytestmark = pytest.mark.slow
 HOROVOD = HorovodSystem.unavailable_reason()
+NEEDS_HOROVOD = pytest.mark.skipif(HOROVOD is not None, reason=f"{HOROVOD}")
 WORKLOAD, STEPS = "mlp-digits", 30
 
 
@@ -54,14 +55,19 @@ def check_like_local(launched_dir: Path, local: RunSpec, tmp_path: Path, same_ac
     return got.manifests[local.run_id]
 
 
-def test_torchrun_ddp_two_ranks(tmp_path):
-    wall, out = torchrun(2, ["--system", "ddp"], tmp_path / "r")
-    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec("ddp", WORKLOAD, workers=2, max_steps=STEPS),
+@pytest.mark.parametrize("system", ["ddp", pytest.param("horovod", marks=NEEDS_HOROVOD)])
+def test_torchrun_every_rank_a_worker_two_ranks(tmp_path, system):
+    """ddp, and horovod without horovodrun: accuracy equal to a local run's (both deterministic)."""
+    wall, out = torchrun(2, ["--system", system], tmp_path / "r")
+    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec(system, WORKLOAD, workers=2, max_steps=STEPS),
                                 tmp_path, same_accuracy=True)
     launch = manifest["extra"]["launch"]
     assert launch["engine"] == "torchrun" and launch["world"] == 2 and launch["store"] == "torchrun agent"
+    assert launch["store_auth"] == "loopback"
     assert set(launch["clock"]["offsets_s"]) == {"0", "1"} and launch["clock"]["within_bound"] is True
-    print(f"torchrun ddp 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
+    if system == "horovod":   # rank 0's rendezvous server, on loopback
+        assert launch["horovod_rendezvous"].startswith("127.0.0.1:") and launch["hosts"] == ["127.0.0.1"]
+    print(f"torchrun {system} 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
 
 
 def test_torchrun_ps_one_shard_two_workers(tmp_path):
@@ -73,18 +79,6 @@ def test_torchrun_ps_one_shard_two_workers(tmp_path):
     assert set(launch["clock"]["offsets_s"]) == {"0", "1", "2"} and launch["clock"]["within_bound"] is True
     assert "launch-test-token" not in json.dumps(manifest)
     print(f"torchrun ps 1 shard + 2 workers: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
-
-
-@pytest.mark.skipif(HOROVOD is not None, reason=f"{HOROVOD}")
-def test_torchrun_horovod_two_ranks_without_horovodrun(tmp_path):
-    wall, out = torchrun(2, ["--system", "horovod"], tmp_path / "r")
-    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec("horovod", WORKLOAD, workers=2, max_steps=STEPS),
-                                tmp_path, same_accuracy=True)
-    launch = manifest["extra"]["launch"]
-    assert launch["engine"] == "torchrun" and launch["world"] == 2 and launch["store_auth"] == "loopback"
-    assert launch["horovod_rendezvous"].startswith("127.0.0.1:") and launch["hosts"] == ["127.0.0.1"]
-    assert set(launch["clock"]["offsets_s"]) == {"0", "1"} and launch["clock"]["within_bound"] is True
-    print(f"torchrun horovod 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
 
 
 def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str], hostnames: bool = False) -> tuple[float, dict]:
@@ -178,8 +172,7 @@ def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):
     print(f"Open MPI variables, ddp 2 ranks: {wall:.1f} s wall")
 
 
-@pytest.mark.parametrize("system", ["ddp", pytest.param("horovod", marks=pytest.mark.skipif(
-    HOROVOD is not None, reason=f"{HOROVOD}"))])
+@pytest.mark.parametrize("system", ["ddp", pytest.param("horovod", marks=NEEDS_HOROVOD)])
 def test_a_failing_rank_says_why_in_one_line_and_leaves_no_run(tmp_path, system):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "psbench",
             "launch", "--system", system, "--workload", WORKLOAD, "--max-steps", str(STEPS),
