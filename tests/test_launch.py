@@ -3,8 +3,10 @@ rank 0 gathers reads back (load_suite) with a local run's columns and trains as 
 job starts its ranks and torchrun's agent (~10 s on 2 cores), and the local twin runs beside it."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,8 +18,11 @@ from psbench.bench.harness.results import load_suite
 from psbench.bench.harness.runner import run_all
 from psbench.bench.lab import netlab
 from psbench.core.spec import RunSpec
+from psbench.systems.horovod.adapter import HorovodSystem
 
 pytestmark = pytest.mark.slow
+HOROVOD = HorovodSystem.unavailable_reason()
+NEEDS_HOROVOD = pytest.mark.skipif(HOROVOD is not None, reason=f"{HOROVOD}")
 WORKLOAD, STEPS = "mlp-digits", 30
 
 
@@ -50,14 +55,19 @@ def check_like_local(launched_dir: Path, local: RunSpec, tmp_path: Path, same_ac
     return got.manifests[local.run_id]
 
 
-def test_torchrun_ddp_two_ranks(tmp_path):
-    wall, out = torchrun(2, ["--system", "ddp"], tmp_path / "r")
-    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec("ddp", WORKLOAD, workers=2, max_steps=STEPS),
+@pytest.mark.parametrize("system", ["ddp", pytest.param("horovod", marks=NEEDS_HOROVOD)])
+def test_torchrun_every_rank_a_worker_two_ranks(tmp_path, system):
+    """ddp, and horovod without horovodrun: accuracy equal to a local run's (both deterministic)."""
+    wall, out = torchrun(2, ["--system", system], tmp_path / "r")
+    manifest = check_like_local(tmp_path / "r" / "launched", RunSpec(system, WORKLOAD, workers=2, max_steps=STEPS),
                                 tmp_path, same_accuracy=True)
     launch = manifest["extra"]["launch"]
     assert launch["engine"] == "torchrun" and launch["world"] == 2 and launch["store"] == "torchrun agent"
+    assert launch["store_auth"] == "loopback"
     assert set(launch["clock"]["offsets_s"]) == {"0", "1"} and launch["clock"]["within_bound"] is True
-    print(f"torchrun ddp 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
+    if system == "horovod":   # rank 0's rendezvous server, on loopback
+        assert launch["horovod_rendezvous"].startswith("127.0.0.1:") and launch["hosts"] == ["127.0.0.1"]
+    print(f"torchrun {system} 2 ranks: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
 
 
 def test_torchrun_ps_one_shard_two_workers(tmp_path):
@@ -71,13 +81,18 @@ def test_torchrun_ps_one_shard_two_workers(tmp_path):
     print(f"torchrun ps 1 shard + 2 workers: {wall:.1f} s wall; clock offsets {json.dumps(launch['clock']['offsets_s'])}")
 
 
-def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str]) -> tuple[float, dict]:
+def _two_hosts(system: str, nproc: int, tmp_path: Path, extra: list[str], hostnames: bool = False) -> tuple[float, dict]:
     """`torchrun --nnodes 2 --rdzv-endpoint <host 0>:port` on each of two namespace hosts (c10d
-    rendezvous; host 0 told to serve it: its 198.18 address is not the machine's hostname's)."""
+    rendezvous; host 0 told to serve it: its 198.18 address is not the machine's hostname's).
+    `hostnames`: each host's /etc/hosts maps the machine's hostname to its lab address."""
     from psbench.bench.lab.netlab import NetLab
+    from psbench.bench.lab.sshlab import write_hostname_at_lab_address
     from psbench.systems.common import child_env
 
-    with NetLab(hosts=2) as lab:
+    with NetLab(hosts=2) as lab, contextlib.ExitStack() as cleanup:
+        if hostnames:
+            for host in range(2):
+                cleanup.callback(shutil.rmtree, write_hostname_at_lab_address(lab, host), True)
         env = {**child_env(), "GLOO_SOCKET_IFNAME": "veth0", "PSBENCH_PS_TOKEN": "two-hosts-token"}
         began, procs = time.monotonic(), []
         for node in range(2):
@@ -114,6 +129,22 @@ def test_torchrun_across_two_namespace_hosts(tmp_path):
     print(f"two namespace hosts: ddp 2 ranks {wall_ddp:.1f} s, ps 1+3 ranks {wall_ps:.1f} s wall")
 
 
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None or HOROVOD is not None, reason=f"netlab: {REASON}; horovod: {HOROVOD}")
+def test_torchrun_horovod_across_two_namespace_hosts(tmp_path):
+    """2 ranks a host: Horovod's local and cross communicators both span two ranks. The hosts'
+    hostnames resolve to their own addresses, as on a cluster (launch/horovod.py check_hostnames)."""
+    wall, manifest = _two_hosts("horovod", 2, tmp_path, ["--insecure", "true"], hostnames=True)
+    launch = manifest["extra"]["launch"]
+    assert launch["world"] == 4 and launch["master_addr"].startswith("198.18.") and launch["store_auth"] == "insecure"
+    assert len(launch["hosts"]) == 2 and all(h.startswith("198.18.") for h in launch["hosts"])
+    assert launch["horovod_rendezvous"].partition(":")[0] in launch["hosts"]
+    assert launch["clock"]["within_bound"] is True and len(launch["clock"]["offsets_s"]) == 4
+    run = load_suite(next(tmp_path.glob("node*/launched")))
+    assert float(run.runs["final_val_accuracy"][0]) > 0.3 and len(run.steps) == 4 * STEPS
+    print(f"two namespace hosts: horovod 2+2 ranks {wall:.1f} s wall")
+
+
 def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):
     """The variables mpirun sets, given by hand to two processes (mpirun itself is not installed
     here): no torchrun agent, so rank 0 serves the store on MASTER_ADDR:MASTER_PORT."""
@@ -141,12 +172,13 @@ def test_ranks_from_open_mpi_variables_rank_0_serving_the_store(tmp_path):
     print(f"Open MPI variables, ddp 2 ranks: {wall:.1f} s wall")
 
 
-def test_a_failing_rank_says_why_in_one_line_and_leaves_no_run(tmp_path):
+@pytest.mark.parametrize("system", ["ddp", pytest.param("horovod", marks=NEEDS_HOROVOD)])
+def test_a_failing_rank_says_why_in_one_line_and_leaves_no_run(tmp_path, system):
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "psbench",
-            "launch", "--system", "ddp", "--workload", WORKLOAD, "--max-steps", str(STEPS),
+            "launch", "--system", system, "--workload", WORKLOAD, "--max-steps", str(STEPS),
             "--results-dir", str(tmp_path / "r"), "--suite", "launched"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent,
                           env={**os.environ, "PSBENCH_INJECT_FAULT": "1:5"})
     assert done.returncode != 0
-    assert "psbench: run failed: ddp worker rank 1 failed: RuntimeError: injected fault at step 5" in done.stderr
+    assert f"psbench: run failed: {system} worker rank 1 failed: RuntimeError: injected fault at step 5" in done.stderr
     assert not list((tmp_path / "r" / "launched").glob("*/manifest.json"))

@@ -1,5 +1,6 @@
 """psbench launch, fast: ranks and rendezvous from torchrun's, Slurm's and Open MPI's variables,
-ranks to roles, the store's clock offsets and file hand-over, and the CLI's one-line refusals."""
+ranks to roles, the store's clock offsets and file hand-over, Horovod's slots and environment
+without horovodrun, and the CLI's one-line refusals."""
 from __future__ import annotations
 
 import json
@@ -9,12 +10,15 @@ from datetime import timedelta
 import pytest
 
 from psbench.bench.cli import main
+from psbench.bench.lab.launch import run as launch_run
 from psbench.bench.lab.launch.env import LaunchEnv, Role, first_host, read_env, role_of, workers_of
 from psbench.bench.lab.launch.rendezvous import (Offset, clock_record, estimate_offset, measure_offsets,
                                                  receive_files, send_files)
+from psbench.bench.lab.launch.horovod import check_hostnames, rank_env, slot_plan
 from psbench.bench.lab.launch.run import agree_on_run
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
+from psbench.systems.horovod.adapter import HorovodSystem
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
             "TORCHELASTIC_USE_AGENT_STORE": "True"}
@@ -60,6 +64,8 @@ def test_a_missing_or_inconsistent_environment_names_its_variables(environ, engi
 
 def test_roles_ddp_every_rank_ps_first_ranks_shards():
     assert [role_of("ddp", r, 3) for r in range(3)] == [Role("worker", 0), Role("worker", 1), Role("worker", 2)]
+    assert [role_of("horovod", r, 3, servers=2) for r in range(3)] == [role_of("ddp", r, 3) for r in range(3)]
+    assert workers_of("horovod", 3, 2) == 3
     assert [role_of("ps", r, 5, servers=2) for r in range(5)] == [
         Role("shard", 0), Role("shard", 1), Role("worker", 0), Role("worker", 1), Role("worker", 2)]
     assert workers_of("ps", 5, 2) == 3 and workers_of("ddp", 5, 2) == 5
@@ -132,6 +138,7 @@ def test_ranks_given_other_settings_fail_in_one_line_and_a_token_files_path_is_n
     (["-np", "4"], "psbench launch does not take --workers"),
     (["--master-port", "5"], "psbench launch does not take --master-port"),
     (["--config", "x.toml"], "psbench launch does not take --config"),
+    (["--hosts", "a:2,b:2"], "psbench launch does not take --hosts"),
 ])
 def test_cli_refuses_in_one_line(argv, said, monkeypatch, capsys, tmp_path):
     for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
@@ -150,3 +157,41 @@ def test_ps_without_the_jobs_token_is_refused_before_any_rendezvous(monkeypatch,
     err = capsys.readouterr().err
     assert code == 2 and "needs the job's token" in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())
+
+
+HOROVOD = HorovodSystem.unavailable_reason()
+
+
+@pytest.mark.skipif(HOROVOD is not None, reason=f"{HOROVOD}")
+def test_horovod_slots_as_horovodrun_assigns_them_and_when_ranks_interleave():
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    placed = ["a", "a", "b", "b", "c"]   # host by host, as torchrun and Slurm's block distribution place them
+    assert slot_plan(placed) == get_host_assignments(parse_hosts("a:2,b:2,c:1"), 5)
+    plan = slot_plan(["a", "b", "a", "b", "a"])   # Slurm's cyclic distribution
+    assert [(s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in plan] == [
+        (0, 3, 0, 2), (0, 2, 1, 2), (1, 3, 0, 2), (1, 2, 1, 2), (2, 3, 0, 1)]
+    env = rank_env(plan[3], "198.18.0.1", 4321, "veth0")
+    assert env["HOROVOD_RANK"] == "3" and env["HOROVOD_SIZE"] == "5" and env["HOROVOD_HOSTNAME"] == "b"
+    assert env["HOROVOD_LOCAL_RANK"] == "1" and env["HOROVOD_CROSS_RANK"] == "1"
+    assert (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], env["HOROVOD_GLOO_RENDEZVOUS_PORT"]) == ("198.18.0.1", "4321")
+    assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo" and env["HOROVOD_GLOO_IFACE"] == "veth0"
+
+
+@pytest.mark.skipif(HOROVOD is not None, reason=f"{HOROVOD}")
+def test_horovod_beyond_loopback_without_insecure_is_refused_before_any_rendezvous(monkeypatch, capsys, tmp_path):
+    for name, value in {**TORCHRUN, "RANK": "0", "LOCAL_RANK": "0", "MASTER_PORT": "1"}.items():   # port 1: nothing to reach
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(launch_run, "host_facing", lambda master_addr: "198.18.0.1")   # a host facing others
+    code = main(["launch", "--system", "horovod", "--workload", "mlp-digits", "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "198.18.0.1" in err and "--insecure true" in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_horovod_across_hosts_needs_hostnames_beyond_loopback():
+    check_hostnames(["127.0.0.1", "127.0.0.1"], ["127.0.1.1", "127.0.1.1"])   # one host: loopback is right
+    check_hostnames(["198.18.0.1", "198.18.0.2"], ["198.18.0.1", "198.18.0.2"])
+    with pytest.raises(ConfigError, match=r"hostname of host 198\.18\.0\.2 resolves to 127\.0\.1\.1;.*map the "
+                                          r"hostname to 198\.18\.0\.2 in that host's /etc/hosts"):
+        check_hostnames(["198.18.0.1", "198.18.0.2"], ["198.18.0.1", "127.0.1.1"])

@@ -211,8 +211,9 @@ def _spec_from_args(args: argparse.Namespace, workload: str, workers: int, comma
 # `psbench run` flags that a launched rank does not take (the engine starts the ranks; one run)
 NOT_LAUNCH = ("config", "cluster", "dry_run", "quick", "allow_oversubscribe", "mlflow", "tensorboard", "mllog",
               "mllog_submission", "no_resume")
-# options of the ddp system that place ranks itself; under an engine the environment does
-LAUNCH_PLACED = ("master_addr", "master_port", "nnodes", "node_rank")
+LAUNCHED_SYSTEMS = ("ddp", "ps", "horovod")
+# options of ddp and horovod that place ranks themselves; under an engine the environment does
+LAUNCH_PLACED = ("master_addr", "master_port", "nnodes", "node_rank", "hosts", "ssh_config")
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -230,8 +231,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise ConfigError(f"psbench launch does not take --{given[0].replace('_', '-')}: the engine starts one "
                           "process per rank and the environment gives ranks, world size and rendezvous")
     workload = _workload_from_args(args)
-    if args.system not in ("ddp", "ps") or not workload:
-        raise ConfigError("psbench launch needs --system ddp|ps and --workload (or --model and --dataset)")
+    if args.system not in LAUNCHED_SYSTEMS or not workload:
+        raise ConfigError(f"psbench launch needs --system {'|'.join(LAUNCHED_SYSTEMS)} and --workload (or --model "
+                          "and --dataset)")
     if args.suite is not None:
         check_suite_name(args.suite, "psbench launch", "--suite")
     env = read_env(os.environ, args.env)
@@ -410,7 +412,7 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("launch", help="one rank of a run an engine starts once per rank (torchrun, srun, mpirun)",
-                       description="One rank of a ddp or ps run started by torchrun, Slurm or Open MPI: rank, "
+                       description="One rank of a ddp, ps or horovod run started by torchrun, Slurm or Open MPI: rank, "
                                    "world size and rendezvous come from the environment; rank 0 writes the run "
                                    "folder (docs/hosts.md).")
     if command in (ALL, "launch"):

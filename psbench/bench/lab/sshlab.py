@@ -119,6 +119,15 @@ class SshKit:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def write_hostname_at_lab_address(lab, host: int) -> Path:
+    """/etc/netns/<ns>/hosts: localhost, and this machine's hostname at the host's lab address (for
+    what `ip netns exec` starts there). Returns its folder, for the caller to remove."""
+    folder = Path("/etc/netns") / lab.ns(host)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{lab.addr(host)} {socket.gethostname()}\n")
+    return folder
+
+
 class SshLab:
     """Context manager: an sshd in each of `hosts` of a NetLab (all by default), stopped and the kit
     removed on exit. `addr(h)` and `ssh_argv(h, cmd)` address a host by its lab index."""
@@ -154,11 +163,7 @@ class SshLab:
         return self
 
     def _write_hosts(self, host: int) -> None:
-        """/etc/netns/<ns>/hosts: localhost, and this machine's hostname at the host's lab address."""
-        folder = Path("/etc/netns") / self.lab.ns(host)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.netns_etc.append(folder)
-        (folder / "hosts").write_text(f"127.0.0.1 localhost\n{self.lab.addr(host)} {socket.gethostname()}\n")
+        self.netns_etc.append(write_hostname_at_lab_address(self.lab, host))
 
     def __exit__(self, *exc) -> None:
         from psbench.core.supervisor import stop_tree

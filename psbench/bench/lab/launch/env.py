@@ -97,6 +97,10 @@ def read_env(environ: Mapping[str, str], engine: str | None = None) -> LaunchEnv
     return LaunchEnv(engine, rank, world, local_rank, addr.strip(), int(port_text), agent)
 
 
+# Systems whose every rank is a training worker (ps: its first ranks are the shards).
+EVERY_RANK_A_WORKER = ("ddp", "horovod")
+
+
 @dataclass(frozen=True)
 class Role:
     kind: str    # "worker" or "shard"
@@ -104,8 +108,9 @@ class Role:
 
 
 def workers_of(system: str, world: int, servers: int) -> int:
-    """How many training workers a job of `world` ranks has: ddp every rank; ps all but the shards."""
-    if system == "ddp":
+    """How many training workers a job of `world` ranks has: ddp and horovod every rank; ps all but
+    the shards."""
+    if system in EVERY_RANK_A_WORKER:
         return world
     if servers < 1:
         raise ConfigError(f"--servers must be >= 1, got {servers}")
@@ -116,8 +121,10 @@ def workers_of(system: str, world: int, servers: int) -> int:
 
 
 def role_of(system: str, rank: int, world: int, servers: int = 1) -> Role:
-    """ddp: every rank a worker; ps: ranks 0..servers-1 the shards, the rest workers 0, 1, ..."""
+    """ddp, horovod: every rank a worker; ps: ranks 0..servers-1 the shards, the rest workers 0, 1, ..."""
     workers_of(system, world, servers)
-    if system == "ddp" or rank >= servers:
-        return Role("worker", rank - (0 if system == "ddp" else servers))
+    if system in EVERY_RANK_A_WORKER:
+        return Role("worker", rank)
+    if rank >= servers:
+        return Role("worker", rank - servers)
     return Role("shard", rank)

@@ -12,7 +12,9 @@ import shutil
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from psbench.bench.lab.launch.env import LaunchEnv, role_of
 from psbench.bench.lab.launch.rendezvous import (clock_record, connect, measure_offsets, receive_files,
@@ -25,6 +27,8 @@ from psbench.core.spec import RunSpec
 STAGING_PREFIX = ".launch-"
 # ps: shard j listens on MASTER_PORT + 1 + j of its host (known before it starts: no free-port race)
 SHARD_PORT_OFFSET = 1
+HOROVOD_REMEDY = ("Horovod's rendezvous server, torch's store and gloo have no authentication: pass --insecure true "
+                  "to accept any client (recorded in the manifest)")
 TOKEN_NEEDED = (f"ps under psbench launch needs the job's token, the same on every rank: env {TOKEN_ENV} or "
                 "--token-file FILE (mode 600), never the command line")
 
@@ -87,18 +91,12 @@ def launch_record(env: LaunchEnv, offsets: dict, store_auth: str) -> dict:
 
 
 def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_format: str) -> RunResult | None:
-    """Every rank a worker of one DDP group, running systems/ddp's rank body (worker_main) on the
-    job's store; rank 0 gathers the ranks' files and records the run (None on other ranks)."""
+    """Every rank a worker of one DDP group, running systems/ddp's rank body on the job's store."""
     import torch.distributed as dist
 
-    from psbench.bench.harness.runner import data_provenance, failure_kept
-    from psbench.systems.allreduce_common import worker_main
-    from psbench.systems.allreduce_launch import WorkerFailed, collect, first_error
     from psbench.systems.base import parse_options
-    from psbench.systems.common import prepare
     from psbench.systems.ddp.adapter import DDP_REMEDY, DDPOptions
     from psbench.systems.ddp.worker import DDPComm
-    from psbench.workloads import get_workload
 
     options = parse_options(DDPOptions, spec.options, "ddp")
     check_exposure("ddp's rendezvous store (MASTER_ADDR)", env.master_addr, None, options.insecure, DDP_REMEDY)
@@ -106,33 +104,95 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = job_store(env, spec, options.timeout_s)
     offsets = measure_offsets(store, env.rank, env.world)
-    job = staging_dir(results_dir, suite, spec, env.rank)
+    auth = "loopback" if is_loopback(env.master_addr) else "insecure"
+    return allreduce_rank(spec, env, Output(results_dir, suite, record_format), store, offsets,
+                          lambda: DDPComm(env.rank, env.world, env.master_addr, env.master_port, options.timeout_s,
+                                          store=dist.PrefixStore("ddp", store)),
+                          auth, {"ddp_store": {"master_addr": env.master_addr, "auth": auth}})
+
+
+def run_horovod(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_format: str) -> RunResult | None:
+    """Every rank a Horovod worker (systems/horovod's rank body), started by the engine, not
+    horovodrun: the ranks' hosts go through the store, rank 0 serves Horovod's rendezvous on its
+    address facing MASTER_ADDR and publishes it there, and each rank sets the environment horovodrun
+    would have given it before hvd.init()."""
+    from psbench.bench.lab.launch.horovod import (Rendezvous, check_hostnames, hostname_address, interface_of,
+                                                  rank_env, slot_plan)
+    from psbench.systems.base import parse_options
+    from psbench.systems.horovod.adapter import NOT_INSTALLED, HorovodOptions, HorovodSystem
+    from psbench.systems.horovod.worker import HorovodComm
+
+    if HorovodSystem.unavailable_reason():
+        raise ConfigError(NOT_INSTALLED)
+    options = parse_options(HorovodOptions, spec.options, "horovod")
+    host = host_facing(env.master_addr)
+    check_exposure("horovod's rendezvous server and the job's store", host, None, options.insecure, HOROVOD_REMEDY)
+    interface = options.network_interface or interface_of(host)
+    store = job_store(env, spec, options.timeout_s)
+    offsets = measure_offsets(store, env.rank, env.world)
+    store.set(f"horovod/host/{env.rank}", json.dumps([host, hostname_address()]))
+    hosts, named = zip(*(json.loads(store.get(f"horovod/host/{r}")) for r in range(env.world)))
+    check_hostnames(list(hosts), list(named))   # on every rank: each leaves with the same line
+    plan = slot_plan(hosts)
+    server = Rendezvous(host, plan) if env.rank == 0 else None
+    try:
+        if server is not None:
+            store.set("horovod/rendezvous", f"{host}:{server.port}")
+        rendezvous = store.get("horovod/rendezvous").decode()
+        addr, _, port = rendezvous.rpartition(":")
+        os.environ.update(rank_env(plan[env.rank], addr, int(port), interface))
+        auth = "loopback" if is_loopback(host) else "insecure"
+        return allreduce_rank(spec, env, Output(results_dir, suite, record_format), store, offsets, HorovodComm,
+                              auth, launch_extra={"horovod_rendezvous": rendezvous,
+                                                  "hosts": sorted({s.hostname for s in plan})})
+    finally:
+        if server is not None:   # every rank's files are in by now: no rank needs it any more
+            server.stop()
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where rank 0 writes the run folder, as `psbench run` would."""
+    results_dir: Path
+    suite: str
+    record_format: str
+
+
+def allreduce_rank(spec: RunSpec, env: LaunchEnv, out: Output, store, offsets: dict, make_comm: Callable[[], Any],
+                   auth: str, recorder_extra: dict | None = None, launch_extra: dict | None = None) -> RunResult | None:
+    """One rank of an allreduce system (every rank a worker) on the job's store: the system's rank
+    body (worker_main) in this rank's staging folder; the other ranks hand their files to rank 0,
+    which records the run as a local run's (None on other ranks)."""
+    from psbench.bench.harness.runner import data_provenance, failure_kept
+    from psbench.systems.allreduce_common import worker_main
+    from psbench.systems.allreduce_launch import WorkerFailed, collect, first_error
+    from psbench.systems.common import prepare
+    from psbench.workloads import get_workload
+
+    job = staging_dir(out.results_dir, out.suite, spec, env.rank)
     try:
         (job / "spec.json").write_text(json.dumps(spec.to_dict()))
-        code = worker_main(job, lambda: DDPComm(env.rank, env.world, env.master_addr, env.master_port,
-                                                options.timeout_s, store=dist.PrefixStore("ddp", store)),
-                           rank_hint=env.rank)
+        code = worker_main(job, make_comm, rank_hint=env.rank)
         if env.rank != 0:
             send_files(store, env.rank, job, [f"rank{env.rank}.{n}" for n in ("steps.csv", "meta.json", "error.json")])
             if code:   # said here too: the engine may stop rank 0 before it can
-                raise RuntimeError(first_error("ddp", job) or f"ddp rank {env.rank} failed (exit {code})")
+                raise RuntimeError(first_error(spec.system, job) or f"{spec.system} rank {env.rank} failed (exit {code})")
             return None
         try:
             receive_files(store, range(1, env.world), job, lambda r: rf"rank{r}\.(?:steps\.csv|meta\.json|error\.json)")
-            failed = first_error("ddp", job)
+            failed = first_error(spec.system, job)
             if failed:
                 raise WorkerFailed(failed)
             recorder = Recorder(spec, target_accuracy=get_workload(spec.workload).target_accuracy)
             prep = prepare(spec)
             recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
-            recorder.extra["ddp_store"] = {"master_addr": env.master_addr,
-                                           "auth": "loopback" if is_loopback(env.master_addr) else "insecure"}
+            recorder.extra.update(recorder_extra or {})
             collect(job, list(range(env.world)), recorder, True, None)
             recorder.extra["data"] = data_provenance(spec, recorder.shard_report)
-            recorder.extra["launch"] = launch_record(env, offsets, recorder.extra["ddp_store"]["auth"])
+            recorder.extra["launch"] = {**launch_record(env, offsets, auth), **(launch_extra or {})}
         except RuntimeError as exc:   # as a local run's failure: one line, the whole story under failed/
-            raise failure_kept(exc, results_dir, suite, spec.run_id) from exc
-        return recorder.finish(results_dir, suite, record_format)
+            raise failure_kept(exc, out.results_dir, out.suite, spec.run_id) from exc
+        return recorder.finish(out.results_dir, out.suite, out.record_format)
     finally:
         remove_staging(job)
 
@@ -157,7 +217,7 @@ def shard_addresses(store, token: str, run_id: str, servers: int) -> list[str]:
     return addresses
 
 
-def shard_host(master_addr: str) -> str:
+def host_facing(master_addr: str) -> str:
     """The address of this host that faces MASTER_ADDR (loopback for a loopback rendezvous)."""
     if is_loopback(master_addr):
         return "127.0.0.1"
@@ -195,7 +255,7 @@ def run_ps(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
     server = None
     try:
         if role.kind == "shard":
-            host = str(spec.options.get("host") or shard_host(env.master_addr))
+            host = str(spec.options.get("host") or host_facing(env.master_addr))
             check_exposure(f"ps shard {role.index}", host, token, False)
             publish_shard(store, token, spec.run_id, role.index,
                           f"{host}:{env.master_port + SHARD_PORT_OFFSET + role.index}")
@@ -264,4 +324,6 @@ def launch(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_
         return run_ddp(spec, env, results_dir, suite, record_format)
     if spec.system == "ps":
         return run_ps(spec, env, results_dir, suite, record_format)
-    raise ConfigError(f"psbench launch runs --system ddp or ps, not {spec.system!r}")
+    if spec.system == "horovod":
+        return run_horovod(spec, env, results_dir, suite, record_format)
+    raise ConfigError(f"psbench launch runs --system ddp, ps or horovod, not {spec.system!r}")
