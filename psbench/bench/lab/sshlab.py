@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from psbench.bench.lab.netlab import write_netns_hosts
 from psbench.core.errors import ConfigError
 
 SSHD = "/usr/sbin/sshd"
@@ -154,11 +155,8 @@ class SshLab:
         return self
 
     def _write_hosts(self, host: int) -> None:
-        """/etc/netns/<ns>/hosts: localhost, and this machine's hostname at the host's lab address."""
-        folder = Path("/etc/netns") / self.lab.ns(host)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.netns_etc.append(folder)
-        (folder / "hosts").write_text(f"127.0.0.1 localhost\n{self.lab.addr(host)} {socket.gethostname()}\n")
+        """This machine's hostname at the host's lab address."""
+        self.netns_etc.append(write_netns_hosts(self.lab, host, {socket.gethostname(): self.lab.addr(host)}))
 
     def __exit__(self, *exc) -> None:
         from psbench.core.supervisor import stop_tree
