@@ -101,3 +101,19 @@ def test_netlab_slurm_command_stays_up_until_sigterm_and_leaves_nothing():
     assert f"Slurm lab {lab} down" in out and not Path(folder).exists()
     assert not [p.pid for p in psutil.process_iter(["cmdline"]) if folder in " ".join(p.info["cmdline"] or [])]
     assert f"psb-{lab}-h0" not in netlab.list_namespaces() and not list(Path("/etc/netns").glob(f"psb-{lab}-*"))
+
+
+def test_a_daemon_that_does_not_start_is_one_line_and_leaves_nothing(monkeypatch):
+    """slurmd with cgroup autodetection, which fails under `ip netns exec` (its fresh sysfs has no
+    /sys/fs/cgroup): the lab says which daemon and its first error, and stops the others."""
+    monkeypatch.setattr(slurm, "CGROUP_CONF", "CgroupPlugin=autodetect\n")
+    with NetLab(hosts=2) as lab:
+        cluster = SlurmLab(lab)
+        with pytest.raises(RuntimeError) as failed:
+            cluster.__enter__()
+        assert cluster.leftover() == [] and not cluster.dir.exists()
+    # one slurmd or both, as they happened to exit before the lab looked
+    node = rf"slurmd psb{lab.lab}h[01] \(1\)"
+    assert re.fullmatch(rf"Slurm lab: nodes {cluster.names[0]}, {cluster.names[1]} idle did not come up; exited: "
+                        rf"{node}(, {node})?; slurmd: error: No filesystem mounted on /sys/fs/cgroup",
+                        str(failed.value)), failed.value
