@@ -77,6 +77,8 @@ def test_sbatch_runs_ps_and_ddp_across_two_namespace_hosts(tmp_path):
         assert launch["engine"] == "slurm" and launch["world"] == ranks and launch["master_addr"] == cluster.names[0]
         assert launch["clock"]["within_bound"] is True and len(launch["clock"]["offsets_s"]) == ranks
         assert not [p for p in (tmp_path / system / "slurm").iterdir() if p.name.startswith(".")], "staging left"
+        written = [p.read_text(errors="replace") for p in (tmp_path / system).rglob("*") if p.is_file()]
+        assert not [t for t in [job.output, shown, *written] if token.read_text().strip() in t], "the token leaked"
         run_time = re.search(r"RunTime=(\S+)", shown).group(1)
         report.append(f"{system} {ranks} ranks: {job.wall_s:.1f} s wall (sbatch --wait), RunTime {run_time}, accuracy {accuracy:.3f}, "
                       f"clock offsets {json.dumps(launch['clock']['offsets_s'])}, rtt {json.dumps(launch['clock']['rtt_s'])}")
