@@ -58,6 +58,7 @@ def test_sbatch_runs_ps_and_ddp_across_two_namespace_hosts(tmp_path):
                                              str(tmp_path / "bad")], tmp_path / "bad.out", ["--nodes=2", "--ntasks=2"],
                                  env={"PSBENCH": PSBENCH, "PSBENCH_PS_TOKEN": ""})
         assert cluster.leftover() == [], "the Slurm lab left processes behind"
+        host0 = lab.addr(0)
         assert not cluster.dir.exists() and not list(Path("/etc/netns").glob(f"{lab.ns(0)[:-1]}*"))
     # the exit code is the step's: the first rank's 2, or 143 where srun's SIGTERM to the others came first
     assert re.fullmatch(rf"Slurm job {bad.job_id} failed \(sbatch exit \d+\): {re.escape(TOKEN_NEEDED)}",
@@ -76,6 +77,8 @@ def test_sbatch_runs_ps_and_ddp_across_two_namespace_hosts(tmp_path):
         launch = run.manifests[run.runs["run_id"][0]]["extra"]["launch"]
         assert launch["engine"] == "slurm" and launch["world"] == ranks and launch["master_addr"] == cluster.names[0]
         assert launch["clock"]["within_bound"] is True and len(launch["clock"]["offsets_s"]) == ranks
+        if system == "ps":   # rank 0, the shard, on host 0, reached at its lab address
+            assert [s.rsplit(":", 1)[0] for s in launch["shards"]] == [host0], launch["shards"]
         assert not [p for p in (tmp_path / system / "slurm").iterdir() if p.name.startswith(".")], "staging left"
         written = [p.read_text(errors="replace") for p in (tmp_path / system).rglob("*") if p.is_file()]
         assert not [t for t in [job.output, shown, *written] if token.read_text().strip() in t], "the token leaked"
