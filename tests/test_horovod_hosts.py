@@ -37,7 +37,7 @@ def test_horovodrun_across_two_sshd_hosts_collects_one_run_folder(tmp_path: Path
         assert refused.returncode == 2 and "insecure=true" in refused.stderr, refused.stderr[-1000:]
         run = lab.run(0, horovod_argv(lab, ssh.kit.config, results, 30), timeout=300)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-        leftovers = [p for h in (1, 2) for p in netlab._namespace_pids(lab.ns(h))
+        leftovers = [p for h in (1, 2) for p in netlab.namespace_pids(lab.ns(h))
                      if "horovod.worker" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")]
         assert leftovers == []
         assert set(Path("/tmp").glob("psbench-horovod-*-hosts")) == before   # every host's job folder removed

@@ -111,7 +111,7 @@ def _ray_cli() -> list[str]:
 def _stop_namespace(lab: netlab.NetLab, host: int) -> dict[int, float]:
     """SIGKILL every process in the host's namespace (the node's Ray); returns them, pid: start time."""
     stopped = {}
-    for pid in netlab._namespace_pids(lab.ns(host)):
+    for pid in netlab.namespace_pids(lab.ns(host)):
         try:
             stopped[pid] = psutil.Process(pid).create_time()
             os.kill(pid, signal.SIGKILL)
@@ -144,7 +144,7 @@ def _processes_with(text: str) -> list[str]:
 def _actors_left(lab: netlab.NetLab) -> list[str]:
     left = []
     for host in range(lab.hosts):
-        for pid in netlab._namespace_pids(lab.ns(host)):
+        for pid in netlab.namespace_pids(lab.ns(host)):
             try:
                 title = " ".join(psutil.Process(pid).cmdline())
             except psutil.NoSuchProcess:

@@ -35,7 +35,7 @@ def remote_processes(lab: NetLab, hosts: range) -> list[str]:
     """psbench processes still alive in the given hosts' namespaces (sshd itself excluded)."""
     left = []
     for h in hosts:
-        for pid in netlab._namespace_pids(lab.ns(h)):
+        for pid in netlab.namespace_pids(lab.ns(h)):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
@@ -58,7 +58,7 @@ def test_ssh_launcher_runs_a_ps_job_on_sshd_hosts_and_copies_the_records_back(tm
         # the launcher makes the job's token; the roles get it in their environment (sent over
         # ssh's stdin): learn it there, and look for it in every command line while the job runs
         watch = watch_cmdlines(proc, env_name="PSBENCH_PS_TOKEN", timeout=300, expect=ROLES,
-                               pids=lambda: [p for h in (1, 2, 3) for p in netlab._namespace_pids(lab.ns(h))])
+                               pids=lambda: [p for h in (1, 2, 3) for p in netlab.namespace_pids(lab.ns(h))])
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-2000:] + err[-3000:]
         assert len(watch.secrets) == 1 and watch.seen == set(ROLES), watch
@@ -131,7 +131,7 @@ def test_stopping_the_ssh_launcher_stops_the_remote_roles(tmp_path: Path):
 
 def _cmdlines(lab: NetLab, host: int) -> list[str]:
     out = []
-    for pid in netlab._namespace_pids(lab.ns(host)):
+    for pid in netlab.namespace_pids(lab.ns(host)):
         try:
             out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
         except OSError:

@@ -20,7 +20,7 @@ DEFAULT_RESULTS = Path("results")
 # Commands that live beside the code they drive: name -> (module, one-line help). Each module
 # has add_arguments(parser) and main(args) -> int; imported only when that command is run.
 EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
-    "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec"),
+    "netlab": ("psbench.bench.lab.command", "network namespaces as separate hosts (root): up | down | status | exec | slurm"),
     "simulate": ("psbench.bench.sim.command", "the scale model: --from RESULTS, costs measured from its runs, checked "
                  "against them, projected to 8..1024 workers (without --from: the analytic model)"),
     "report": ("psbench.bench.report.document", "write report.md/html and plots for suite folder(s) (results/<suite>)"),

@@ -1,4 +1,5 @@
-"""`psbench netlab up|down|status|exec|bench`: namespace hosts by hand, and the bandwidth experiment."""
+"""`psbench netlab up|down|status|exec|slurm|bench`: namespace hosts by hand, a Slurm cluster on them,
+and the bandwidth experiment."""
 from __future__ import annotations
 
 import re
@@ -35,6 +36,11 @@ def add_arguments(p) -> None:
     ex.add_argument("--lab", type=int, required=True)
     ex.add_argument("--host", type=int, required=True)
     ex.add_argument("cmd", nargs="+")
+    sl = sub.add_parser("slurm", help="a Slurm cluster (slurmctld, a slurmd per host) on a new lab, until Ctrl-C "
+                                      "(bench/lab/slurm.py)")
+    sl.add_argument("--hosts", type=int, default=2, help="number of hosts, each a Slurm node (default 2)")
+    sl.add_argument("--lab", type=int, help="lab id 0..255 (default: lowest free)")
+    sl.add_argument("--seconds", type=float, help="tear down after this long instead of at Ctrl-C")
     netbench.add_arguments(sub.add_parser("bench", help="PS vs ring allreduce under per-host bandwidth caps "
                                                         "(bench/lab/netbench.py)"))
 
@@ -61,7 +67,38 @@ def main(args) -> int:
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         proc = lab.exec(args.host, cmd, start_new_session=False)
         return proc.wait()
+    if args.netlab_cmd == "slurm":
+        return slurm_main(args)
     if args.netlab_cmd == "bench":
         return netbench.main(args)
     raise ConfigError(f"unknown netlab command {args.netlab_cmd}")
 
+
+
+def slurm_main(args) -> int:
+    """Bring a Slurm cluster up on a new lab, say how to submit to it, keep it up until Ctrl-C or
+    SIGTERM (or --seconds), then take everything down."""
+    import signal
+    import threading
+
+    from psbench.bench.lab.slurm import SlurmLab
+
+    if args.seconds is not None and not args.seconds >= 0:
+        raise ConfigError(f"--seconds must be >= 0, got {args.seconds}")
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        with NetLab(hosts=args.hosts, lab=args.lab) as lab, SlurmLab(lab) as cluster:
+            print(cluster.sinfo().rstrip())
+            print(f"submit from any lab host, e.g.:\n  psbench netlab exec --lab {lab.lab} --host {lab.hosts - 1} -- "
+                  f"env SLURM_CONF={cluster.conf} sbatch --wait deploy/slurm/psbench.sbatch --system ddp --insecure true "
+                  "--workload mlp-digits --results-dir results --suite slurm")
+            print("Ctrl-C (or SIGTERM) stops every daemon and removes the lab", flush=True)
+            try:
+                stop.wait(args.seconds)
+            except KeyboardInterrupt:
+                pass
+        print(f"Slurm lab {lab.lab} down")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0

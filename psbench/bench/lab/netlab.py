@@ -30,6 +30,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping, Sequence
 
 from psbench.core.errors import ConfigError
@@ -111,9 +112,18 @@ def _tbf(ns: str, dev: str, mbit: float) -> None:
           "rate", f"{int(mbit * 1000)}kbit", "burst", str(burst), "limit", str(limit)])
 
 
-def _namespace_pids(ns: str) -> list[int]:
+def namespace_pids(ns: str) -> list[int]:
     out = _run(["ip", "netns", "pids", ns], check=False).stdout
     return [int(p) for p in out.split() if p.isdigit()]
+
+
+def write_netns_hosts(lab: "NetLab", host: int, names: Mapping[str, str]) -> Path:
+    """/etc/netns/<namespace>/hosts: localhost and `names` (name -> address), which `ip netns exec`
+    mounts over /etc/hosts for what it starts in that host; the folder, for its owner to remove."""
+    folder = Path("/etc/netns") / lab.ns(host)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in names.items()))
+    return folder
 
 
 def down(lab: int | None = None) -> list[str]:
@@ -123,7 +133,7 @@ def down(lab: int | None = None) -> list[str]:
     removed = []
     targets = [ns for lab_id, names in labs_present().items() if lab is None or lab_id == lab for ns in names]
     for ns in targets:
-        for pid in _namespace_pids(ns):
+        for pid in namespace_pids(ns):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

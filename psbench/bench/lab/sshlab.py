@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from psbench.bench.lab.netlab import write_netns_hosts
 from psbench.core.errors import ConfigError
 
 SSHD = "/usr/sbin/sshd"
@@ -122,10 +123,7 @@ class SshKit:
 def write_hostname_at_lab_address(lab, host: int) -> Path:
     """/etc/netns/<ns>/hosts: localhost, and this machine's hostname at the host's lab address (for
     what `ip netns exec` starts there). Returns its folder, for the caller to remove."""
-    folder = Path("/etc/netns") / lab.ns(host)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{lab.addr(host)} {socket.gethostname()}\n")
-    return folder
+    return write_netns_hosts(lab, host, {socket.gethostname(): lab.addr(host)})
 
 
 class SshLab:
