@@ -593,7 +593,7 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
 BREAKDOWN_PARTS = {"compute_s": ("compute (real)", "#4c72b0"), "emulated_s": ("emulated device / straggler", "#a6cee3"),
                    "comm_s": ("communication", "#dd8452"), "wait_s": ("waiting on others", "#c44e52"),
                    "update_s": ("update (optimizer step)", "#55a868"),
-                   "data_s": ("batch assembly", "#8c8c8c")}
+                   "data_s": ("batch assembly", "#8c8c8c"), "h2d_d2h_s": ("host-GPU copies", "#937860")}
 
 
 def breakdown_groups(res: SuiteResults) -> pd.DataFrame:

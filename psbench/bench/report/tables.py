@@ -248,7 +248,7 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
     for key, group in runs.groupby(GROUP, sort=True):
         row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}  # runs with steps only (breakdown_groups)
         for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update",
-                                                      "batch assembly"),
+                                                      "batch assembly", "host-GPU copies"),
                              strict=True):
             with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
             row[f"{name} (ms)"] = math.nan if row[f"{name} (ms)"] is None else row[f"{name} (ms)"]  # untold: nan

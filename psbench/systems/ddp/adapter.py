@@ -5,6 +5,7 @@ import dataclasses
 import socket
 from pathlib import Path
 
+from psbench.core.accelerator import CPU, CUDA
 from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.exposure import check_exposure, is_loopback
@@ -56,6 +57,7 @@ def bind_store_socket(addr: str, port: int) -> socket.socket:
 
 class DDPSystem(System):
     name = "ddp"
+    devices = (CPU, CUDA)  # gloo between CPUs, NCCL between GPUs, a GPU a rank
     budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = DDPOptions

@@ -79,8 +79,9 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
     job = staging_dir(results_dir, suite, spec, env.rank)
     try:
         (job / "spec.json").write_text(json.dumps(spec.to_dict()))
-        code = worker_main(job, lambda: DDPComm(env.rank, env.world, env.master_addr, env.master_port,
-                                                options.timeout_s, store=dist.PrefixStore("ddp", store)),
+        code = worker_main(job, lambda device: DDPComm(env.rank, env.world, env.master_addr, env.master_port,
+                                                       options.timeout_s, store=dist.PrefixStore("ddp", store),
+                                                       device=device),
                            rank_hint=env.rank)
         if env.rank != 0:
             send_files(store, env.rank, job, [f"rank{env.rank}.{n}" for n in ("steps.csv", "meta.json", "error.json")])
