@@ -109,6 +109,14 @@ def test_auto_takes_cuda_where_it_is_and_the_emulated_device_is_refused_with_it(
         _plan(RunSpec("ps", "mlp-digits", workers=2, device="cuda", emulate_device="step_ms=20"))
 
 
+def test_a_cluster_file_keeps_to_cpu() -> None:
+    from psbench.bench.lab.cluster.file import parse
+
+    run = {"system": "ps", "workload": "mlp-digits", "device": "auto"}
+    with pytest.raises(ConfigError, match=r"\[run\] device 'auto': a cluster file's roles run on cpu; allowed: cpu"):
+        parse({"run": run, "hosts": [{"roles": ["ps-server", "worker"]}]})
+
+
 def test_a_copy_is_timed_and_none_is_made_on_one_tensor() -> None:
     host, other = torch.arange(4.0), torch.zeros(4)
     assert timed_copy(host, host, torch.device("cpu")) == 0.0
