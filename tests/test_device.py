@@ -135,3 +135,17 @@ def test_the_gpu_paths_train_on_cuda(capsys) -> None:
     assert cli.main(["gpu-check", "--steps", "20", "--batch-size", "32"]) == 0
     table = capsys.readouterr().out
     assert all(f"| {name} |" in table for name in ("single", "ddp", "ps")), table
+
+
+@pytest.mark.parametrize("copied", [0.0, 0.1])
+def test_the_report_shows_host_gpu_copies_only_where_a_run_copied(tmp_path: Path, copied: float) -> None:
+    from psbench.bench.harness.results import load_suite
+    from psbench.bench.report.tables import breakdown_table
+    from report_fixtures import fake_run
+
+    parts = {"compute_s": 0.5, "comm_s": 0.4 - copied, "update_s": 0.1, "h2d_d2h_s": copied}
+    fake_run(tmp_path, "s", RunSpec("ps", "mlp-digits", workers=2), step_s=0.01, parts=parts)
+    table = breakdown_table(load_suite(tmp_path / "s"))
+    assert ("host-GPU copies (ms)" in table) == (copied > 0)
+    if copied:
+        assert table["host-GPU copies (ms)"].iloc[0] == pytest.approx(copied * 10, rel=0.05)

@@ -32,7 +32,8 @@ from psbench.core.spec import RunSpec, workload_label
 # worker on a GPU; zero wherever nothing is copied). Together they are the step: its interval
 # on the worker's clock, the time between its end (t_wall) and the previous step's, minus
 # evaluation pauses (tests/test_step_times.py holds every system to this).
-STEP_TIME_COLUMNS = ["compute_s", "emulated_s", "comm_s", "wait_s", "update_s", "data_s", "h2d_d2h_s"]
+HOST_GPU_COPIES = "h2d_d2h_s"  # reports show it only where some run copied (a GPU run): elsewhere it is all 0
+STEP_TIME_COLUMNS = ["compute_s", "emulated_s", "comm_s", "wait_s", "update_s", "data_s", HOST_GPU_COPIES]
 STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_samples", "loss", "staleness", "bytes",
                 *STEP_TIME_COLUMNS]
 EVAL_COLUMNS = ["run_id", "system", "workload", "step", "t_wall", "split", "loss", "accuracy"]
