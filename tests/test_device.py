@@ -76,6 +76,15 @@ def test_the_command_line_exits_2_with_one_line(capsys) -> None:
     assert code == 2 and err.count("\n") == 1 and "allowed here: cpu, auto" in err, err
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is here: cuda is not refused")
+def test_a_launched_rank_refuses_cuda_before_its_rendezvous(monkeypatch, capsys) -> None:
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "9"}.items():  # port 9: nothing listens; the refusal comes first
+        monkeypatch.setenv(key, value)
+    assert cli.main(["launch", "--system", "ps", "--workload", "mlp-digits", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.startswith("psbench: error: --device cuda: ")
+
+
 @pytest.fixture
 def cuda_seen_but_never_used(monkeypatch):
     """torch says CUDA is there; anything that would really use it fails the test."""

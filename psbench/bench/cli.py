@@ -228,7 +228,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from psbench.bench.harness.schema import check_suite_name
     from psbench.bench.lab.launch.env import read_env, workers_of
     from psbench.bench.lab.launch.run import launch
-    from psbench.core.accelerator import resolve
+    from psbench.bench.harness.runner import planned_device
+    from psbench.core.emulation import parse_device
+    from psbench.systems import get_system
     from psbench.systems.allreduce_common import exit_now
 
     given = [n for n in NOT_LAUNCH if getattr(args, n, None)] + [n for n in LAUNCH_PLACED
@@ -246,7 +248,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     env = read_env(os.environ, args.env)
     servers = int(args.opt_servers) if args.system == "ps" and args.opt_servers else 1  # ps: ranks 0..S-1
     spec = _spec_from_args(args, workload, workers_of(args.system, env.world, servers), "psbench launch")
-    spec = dataclasses.replace(spec, device=resolve(spec.device))  # the rank's device, auto made concrete
+    # the rank's device, auto made concrete and refused as a planned run's is (with an emulated device too)
+    spec = dataclasses.replace(spec, device=planned_device(spec, get_system(spec.system),
+                                                           parse_device(spec.emulate_device) is not None))
     result = launch(spec, env, args.results_dir, args.suite or "runs", args.record_format)
     if result is not None:
         _print_summaries([result])

@@ -93,7 +93,9 @@ class DDPSystem(System):
         recorder.extra["ddp_store"] = {"master_addr": options.master_addr,
                                        "auth": "loopback" if is_loopback(options.master_addr) else "insecure"}
         # gloo picks its interface from the hostname unless told; keep local runs on loopback.
-        env = child_env({"GLOO_SOCKET_IFNAME": "lo"} if is_loopback(options.master_addr) else None)
+        # loopback: gloo's and NCCL's own sockets (NCCL's bootstrap, on a GPU) stay on it too
+        env = child_env({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"} if is_loopback(options.master_addr)
+                        else None)
         listener = bind_store_socket(options.master_addr, options.master_port) if 0 in ranks else None
         port = listener.getsockname()[1] if listener else options.master_port
 

@@ -72,8 +72,9 @@ class SparkTorchSystem(SparkSystem):
             # torchrun's chatter, and the ranks' output that TorchDistributor streams to the driver's
             # stderr (tracebacks of torchrun's exit barrier among it): kept for the error message
             output = io.StringIO()
-            saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
-            os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # gloo on loopback only
+            saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS")}
+            # gloo (and NCCL's bootstrap, on a GPU) on loopback only
+            os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
             t_call = time.time()
             try:
                 with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):

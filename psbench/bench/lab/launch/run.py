@@ -74,6 +74,7 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
     check_exposure("ddp's rendezvous store (MASTER_ADDR)", env.master_addr, None, options.insecure, DDP_REMEDY)
     if is_loopback(env.master_addr):   # gloo picks its interface from the hostname unless told
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # NCCL's bootstrap too, on a GPU
     store = dist.PrefixStore(f"psbench-launch/{spec.run_id}", connect(env, options.timeout_s))
     offsets = measure_offsets(store, env.rank, env.world)
     job = staging_dir(results_dir, suite, spec, env.rank)
