@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.psbench-installed
 RESULTS ?= results
 
-.PHONY: setup test test-slow bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker
+.PHONY: setup test test-slow bench bench-quick regress soak clean horovod test-horovod microbench docker-image test-docker \
+        gpu-check
 
 # Horovod's build (a few minutes on 2 cores, once: the wheel is cached) is set-up, so `make bench`'s
 # time is its suites'. Where it cannot be built, its runs and tests are skipped with a note.
@@ -50,6 +51,12 @@ bench-quick: setup
 REGRESS_GATED := --only harness_overhead --only ps --only ps_wire --only micro
 regress: setup
 	$(BIN)/psbench regress --quick --against --repeats 4 $(REGRESS_GATED)
+
+# The GPU paths on this machine's CUDA devices, a few hundred steps each: single, ddp with NCCL, ps with
+# one shard; a table of samples/s and the step's time columns. Exit 3 where torch sees no CUDA device
+# (psbench/bench/gpu_check.py). Horovod's build is not needed for it.
+gpu-check: $(STAMP)
+	$(BIN)/psbench gpu-check
 
 # Micro-benchmarks under pytest-benchmark (tests/microbench): saves the run's JSON in .benchmarks/
 # and, when an earlier save exists, compares with it and fails on a slowdown beyond MICROBENCH_FAIL.

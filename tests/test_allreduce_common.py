@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from psbench.core.spec import RunSpec
 from psbench.systems.allreduce_common import (concat_batch_reference, flat_momentum, load_state, read_state, ring_allreduce_bytes,
@@ -13,7 +14,7 @@ from psbench.systems.common import flat_params, forward_backward, make_optimizer
 
 class LocalComm:
     """World of one: the loop's collectives are identities."""
-    rank, size = 0, 1
+    rank, size, device = 0, 1, torch.device("cpu")
 
     def wrap(self, model, optimizer, clock=None):
         return model, optimizer

@@ -10,6 +10,7 @@ from psbench.bench import cli
 from psbench.bench.harness.matrix import expand, load_experiment
 from psbench.core.records import EVAL_COLUMNS, STEP_COLUMNS, Recorder
 from psbench.bench.harness.runner import is_complete, run_all
+from psbench.core.accelerator import cuda_available
 from psbench.core.spec import RunSpec
 from psbench.systems.common import prepare
 from psbench.core.tables import read_table
@@ -34,9 +35,12 @@ def test_single_baseline_reaches_90_percent_on_digits(results_dir: Path) -> None
 
 
 def test_records_have_the_documented_schema(results_dir: Path) -> None:
-    cli.main(["run", "--system", "single", "--workload", "logreg-digits", "--max-steps", "30",
+    cli.main(["run", "--system", "single", "--workload", "logreg-digits", "--max-steps", "30", "--device", "auto",
               "--results-dir", str(results_dir), "--no-progress"])
     (run,) = _run_dirs(results_dir)
+    manifest = json.loads((run / "manifest.json").read_text())  # the device resolved, and what was asked
+    assert manifest["spec"]["device"] == ("cuda" if cuda_available() else "cpu")
+    assert manifest["extra"]["conditions"]["device_requested"] == "auto"
     steps, evals = read_table(run, "steps"), read_table(run, "evals")
     assert list(steps.columns) == STEP_COLUMNS and list(evals.columns) == EVAL_COLUMNS
     assert len(steps) == 30 and steps["step"].tolist() == list(range(30))

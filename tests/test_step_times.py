@@ -69,6 +69,7 @@ def test_the_time_columns_add_up_to_the_step_interval(system: str, workers: int,
     steps = pd.DataFrame(recorder.steps)
     assert steps[STEP_TIME_COLUMNS].notna().all().all(), steps[STEP_TIME_COLUMNS].isna().sum().to_dict()
     assert (steps[STEP_TIME_COLUMNS] >= 0).all().all()
+    assert (steps["h2d_d2h_s"] == 0).all()  # on a CPU nothing is copied between host and GPU
     rows = intervals_and_parts(steps)
     off = ((rows["parts"] - rows["interval"]).abs() / rows["interval"]).median()
     assert off <= TOLERANCE, (system, rows[["worker", "step", "interval", "parts", *STEP_TIME_COLUMNS]].head(12))

@@ -39,6 +39,9 @@ EXTRA_COMMANDS: dict[str, tuple[str, str]] = {
              "(the rest of every run kept), so a results folder stays small enough to commit"),
     "pack": ("psbench.bench.harness.pack", "pack a suite's run folders into one compressed table a kind "
              "(<suite>/records/), checked to read back the same; every reader takes either form"),
+    "gpu-check": ("psbench.bench.gpu_check", "the GPU paths on this machine's CUDA devices (single, ddp with NCCL, "
+                  "ps with one shard), a few hundred steps each: samples/s and the step's time columns; exit 3 "
+                  "without CUDA"),
     "ps-job": ("psbench.bench.lab.compose_job", "finish a PS job run elsewhere (docker compose): wait for the workers' "
                "bye, fetch, shut the servers down, write one run folder"),
 }
@@ -75,6 +78,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="a timer evaluator: snapshot the model every T s of the training clock and evaluate it off "
                         "the clock, the same schedule for every system (single, ps, ddp, horovod, switch)")
     g.add_argument("--data-dir", help="folder with MNIST IDX / CIFAR-10 binary files, for workloads that read files")
+    g.add_argument("--device", default=defaults.device, metavar="cpu|cuda|auto",
+                   help="where the model and batches live: cpu (default), cuda (single, ddp with NCCL, ps, "
+                        "spark-torch; refused without CUDA), auto (cuda where torch sees it and the system has "
+                        "it, else cpu); the resolved device is recorded (docs/devices.md)")
     c = p.add_argument_group("cluster conditions (psbench/core/emulation.py)")
     c.add_argument("--emulate-device", metavar="SPEC",
                    help="each worker's mini-batch takes at least this long (the real gradient is computed, the "
@@ -203,7 +210,8 @@ def _spec_from_args(args: argparse.Namespace, workload: str, workers: int, comma
                    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, sharding=args.sharding,
                    max_steps=args.max_steps, evals_per_epoch=args.evals_per_epoch, data_dir=args.data_dir,
                    options=options_from_args(args, args.system), emulate_device=args.emulate_device,
-                   stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s)
+                   stragglers=args.stragglers, budget=args.budget, eval_every_s=args.eval_every_s,
+                   device=args.device)
     check_spec(spec.to_dict(), command, "--")  # e.g. -np 4000: the same bound as a file's
     return spec
 
@@ -221,6 +229,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from psbench.bench.harness.schema import check_suite_name
     from psbench.bench.lab.launch.env import read_env, workers_of
     from psbench.bench.lab.launch.run import launch
+    from psbench.bench.harness.runner import planned_device
+    from psbench.core.emulation import parse_device
+    from psbench.systems import get_system
     from psbench.systems.allreduce_common import exit_now
 
     given = [n for n in NOT_LAUNCH if getattr(args, n, None)] + [n for n in LAUNCH_PLACED
@@ -239,6 +250,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     env = read_env(os.environ, args.env)
     servers = int(args.opt_servers) if args.system == "ps" and args.opt_servers else 1  # ps: ranks 0..S-1
     spec = _spec_from_args(args, workload, workers_of(args.system, env.world, servers), "psbench launch")
+    # the rank's device, auto made concrete and refused as a planned run's is (with an emulated device too)
+    spec = dataclasses.replace(spec, device=planned_device(spec, get_system(spec.system),
+                                                           parse_device(spec.emulate_device) is not None))
     result = launch(spec, env, args.results_dir, args.suite or "runs", args.record_format)
     if result is not None:
         _print_summaries([result])

@@ -28,10 +28,12 @@ from psbench.core.spec import RunSpec, workload_label
 # path (local, netns, compose, ssh): compute_s the real gradient computation, emulated_s the sleep
 # an emulated device or a straggler adds, comm_s moving gradients and parameters, wait_s waiting on
 # other workers (barrier, SSP block, allGather, the slowest rank of a collective), update_s the
-# optimizer step, data_s assembling the step's mini-batch. Together they are the step: its interval
+# optimizer step, data_s assembling the step's mini-batch, h2d_d2h_s copies between host and GPU (a PS
+# worker on a GPU; zero wherever nothing is copied). Together they are the step: its interval
 # on the worker's clock, the time between its end (t_wall) and the previous step's, minus
 # evaluation pauses (tests/test_step_times.py holds every system to this).
-STEP_TIME_COLUMNS = ["compute_s", "emulated_s", "comm_s", "wait_s", "update_s", "data_s"]
+HOST_GPU_COPIES = "h2d_d2h_s"  # reports show it only where some run copied (a GPU run): elsewhere it is all 0
+STEP_TIME_COLUMNS = ["compute_s", "emulated_s", "comm_s", "wait_s", "update_s", "data_s", HOST_GPU_COPIES]
 STEP_COLUMNS = ["run_id", "system", "workload", "worker", "step", "t_wall", "n_samples", "loss", "staleness", "bytes",
                 *STEP_TIME_COLUMNS]
 EVAL_COLUMNS = ["run_id", "system", "workload", "step", "t_wall", "split", "loss", "accuracy"]
@@ -65,6 +67,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
                             "update being inside that round trip, comm_s; spark-mllib: the driver's update)"),
     "data_s": ("float64", "seconds assembling this step's mini-batch from the worker's shard (an epoch's shuffle "
                           "lands on its first step; spark-mllib-native: empty, its sampling pass is in compute_s)"),
+    "h2d_d2h_s": ("float64", "seconds copying between host and GPU (a PS worker on --device cuda: its gradients to "
+                             "the wire's host buffer, the parameters back); 0 where nothing is copied, as on a CPU"),
     "kind": ("string", "event kind: switch, handover, stall, worker_lost, ..."),
     "detail": ("string", "event details as a JSON object"),
 }
@@ -182,12 +186,12 @@ class Recorder:
     def step(self, worker: int, step: int, n_samples: int, loss: float, staleness: int | None = None,
              nbytes: int | None = None, t_wall: float | None = None, compute_s: float | None = None,
              emulated_s: float | None = None, comm_s: float | None = None, wait_s: float | None = None,
-             update_s: float | None = None, data_s: float | None = None) -> None:
+             update_s: float | None = None, data_s: float | None = None, h2d_d2h_s: float | None = None) -> None:
         self.steps.append({**self._ids(), "worker": worker, "step": step,
                            "t_wall": self.now() if t_wall is None else t_wall, "n_samples": n_samples,
                            "loss": float(loss), "staleness": staleness, "bytes": nbytes, "compute_s": compute_s,
                            "emulated_s": emulated_s, "comm_s": comm_s, "wait_s": wait_s, "update_s": update_s,
-                           "data_s": data_s})
+                           "data_s": data_s, "h2d_d2h_s": 0.0 if h2d_d2h_s is None else h2d_d2h_s})
 
     def add_steps(self, rows: list[dict[str, Any]]) -> None:
         """Rows made in other processes (keys as in `step`, t_wall already on this run's clock)."""

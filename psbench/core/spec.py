@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from psbench.core.accelerator import CPU, DEVICES
 from psbench.core.errors import ConfigError
 
 
@@ -14,6 +15,8 @@ OPTIONAL_IN_HASH = ("emulate_device", "stragglers", "budget", "eval_every_s")
 # Where a run's secret is read from, not what the run is: ranks handed one token by different paths
 # run one experiment, under one run id.
 LOCATION_OPTIONS = ("token_file",)
+# Settings left out of the hash at their default, so runs made before they existed keep their hash.
+DEFAULT_NOT_IN_HASH = {"device": CPU}
 
 
 def budget_kind(budget: str) -> str | None:
@@ -64,6 +67,9 @@ class RunSpec:
     # snapshotted every T seconds of the training clock and evaluated off it, the same T for every
     # system; time to target is then read from these evaluations (the mean of the last k).
     eval_every_s: float | None = None
+    # Where the model and batches live (psbench.core.accelerator): cpu, cuda, or auto (resolved at
+    # plan time, so a planned spec and its manifest carry cpu or cuda).
+    device: str = CPU
 
     def __post_init__(self) -> None:
         checks = [
@@ -74,6 +80,7 @@ class RunSpec:
             (self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}"),
             (self.evals_per_epoch >= 1, f"evals_per_epoch must be >= 1, got {self.evals_per_epoch}"),
             (self.eval_every_s is None or self.eval_every_s > 0, f"eval_every_s must be > 0, got {self.eval_every_s}"),
+            (self.device in DEVICES, f"device must be {', '.join(DEVICES)}, got '{self.device}'"),
         ]
         if self.budget is not None:
             checks.append((budget_kind(self.budget) is not None,
@@ -96,10 +103,11 @@ class RunSpec:
 
     def hashed_settings(self) -> dict[str, Any]:
         """What the run id stands for: every setting but where data and secrets are read from
-        (data_dir, LOCATION_OPTIONS), and the cluster-condition settings only when set, so runs
-        made before they existed keep their hash."""
+        (data_dir, LOCATION_OPTIONS); the cluster-condition settings only when set and the device
+        only when not cpu, so runs made before they existed keep their hash."""
         payload = {k: v for k, v in self.to_dict().items()
-                   if k != "data_dir" and not (k in OPTIONAL_IN_HASH and v is None)}
+                   if k != "data_dir" and not (k in OPTIONAL_IN_HASH and v is None)
+                   and not (k in DEFAULT_NOT_IN_HASH and v == DEFAULT_NOT_IN_HASH[k])}
         payload["options"] = {k: v for k, v in payload["options"].items() if k not in LOCATION_OPTIONS}
         return payload
 

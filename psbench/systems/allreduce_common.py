@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from psbench.core.accelerator import synchronize, torch_device
 from psbench.core.spec import RunSpec
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.common import (Prepared, StepClock, compute_step, configure_threads, evaluate_splits,
@@ -53,6 +54,7 @@ class Comm(Protocol):
     """How one allreduce system moves data; all calls are collective except `wrap`'s local part."""
     rank: int
     size: int
+    device: torch.device  # where this rank's model, batches and collectives' tensors live
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
              clock: StepClock) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -98,13 +100,14 @@ ALONE_REPEATS = 30  # allreduces of the gradient's size timed alone after traini
 def time_allreduce_alone(comm: Comm, n_elements: int, repeats: int = ALONE_REPEATS) -> float:
     """Median seconds of one allreduce of a float32 tensor of the gradients' size, with no compute
     around it, in the ranks that just trained: what the step's comm_s is compared with."""
-    tensor = torch.zeros(n_elements, dtype=torch.float32)
+    tensor = torch.zeros(n_elements, dtype=torch.float32, device=comm.device)
     comm.allreduce_once(tensor)  # warm-up: a first collective pays set-up
     times = []
     for _ in range(repeats):
         comm.barrier()
         began = time.perf_counter()
         comm.allreduce_once(tensor)
+        synchronize(comm.device)
         times.append(time.perf_counter() - began)
     return float(np.median(times))
 
@@ -139,7 +142,7 @@ def flat_momentum(model: nn.Module, optimizer: torch.optim.Optimizer) -> np.ndar
     for p in model.parameters():
         buf = optimizer.state.get(p, {}).get("momentum_buffer")
         parts.append((buf if buf is not None else torch.zeros_like(p)).detach().reshape(-1))
-    return torch.cat(parts).numpy().astype(np.float32)
+    return torch.cat(parts).cpu().numpy().astype(np.float32)
 
 
 @torch.no_grad()
@@ -149,14 +152,15 @@ def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: np.n
     for p in model.parameters():
         n = p.numel()
         p.copy_(torch.from_numpy(np.asarray(weights[offset:offset + n])).view_as(p))
-        optimizer.state[p]["momentum_buffer"] = torch.from_numpy(np.array(momentum[offset:offset + n])).view_as(p).clone()
+        optimizer.state[p]["momentum_buffer"] = torch.from_numpy(np.array(momentum[offset:offset + n])).view_as(p).to(
+            p.device, copy=True)
         offset += n
 
 
 def flat_buffers(model: nn.Module) -> np.ndarray:
     """Floating-point buffers (BatchNorm running statistics), flat, in model.buffers() order."""
     parts = [b.detach().reshape(-1) for b in model.buffers() if b.dtype.is_floating_point]
-    return torch.cat(parts).numpy().astype(np.float32) if parts else np.zeros(0, np.float32)
+    return torch.cat(parts).cpu().numpy().astype(np.float32) if parts else np.zeros(0, np.float32)
 
 
 def save_state(directory: Path, weights: np.ndarray, momentum: np.ndarray, buffers: np.ndarray | None = None) -> None:
@@ -195,9 +199,9 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     the clock: all ranks pause while it evaluates. A `step_stop` stop skips the evaluation at that
     step: whoever continues from the returned state evaluates it."""
     rank, world = comm.rank, comm.size
-    model = prep.build_model()  # same seed on every rank: same initial weights
+    model = prep.build_model().to(comm.device)  # same seed on every rank: same initial weights
     loss_fn = prep.workload.loss_fn()
-    step_clock = StepClock(prep.pacer(rank))
+    step_clock = StepClock(prep.pacer(rank), device=comm.device)
     train_model, optimizer = comm.wrap(model, make_optimizer(model, prep.workload, prep.lr), step_clock)
     n_steps = common_steps(prep, world)
     if max_steps is not None:
@@ -254,7 +258,7 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     clock.t_start = comm.sum_floats([clock.t_start if rank == 0 else 0.0])[0]
     done = 0
     stopped = eval_point(0)
-    for step, x, y in prep.batches(rank, step_clock):
+    for step, x, y in prep.batches(rank, step_clock, comm.device):
         if stopped or step >= n_steps:
             break
         if fault is not None and step == fault:
@@ -299,6 +303,11 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
     return result
 
 
+def backend_for(device: torch.device) -> str:
+    """torch.distributed's backend for a rank's device: NCCL between GPUs, gloo between CPUs."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def paced_ddp(model: nn.Module, clock: StepClock) -> nn.Module:
     """DistributedDataParallel under the pacing contract: DDP's own allreduce hook, called as each
     gradient bucket fills during backward, first waits until the emulated backward has produced
@@ -308,7 +317,8 @@ def paced_ddp(model: nn.Module, clock: StepClock) -> nn.Module:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = DistributedDataParallel(model)
+    on_gpu = clock.device.type == "cuda"  # one GPU per rank: DDP's NCCL allreduce runs on it
+    ddp = DistributedDataParallel(model, device_ids=[clock.device.index] if on_gpu else None)
     clock.n_elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
     def paced_allreduce(state, bucket):
@@ -363,14 +373,15 @@ def write_error(job_dir: Path, rank: int, exc: BaseException) -> None:
     (Path(job_dir) / f"rank{rank}.error.json").write_text(json.dumps(info))
 
 
-def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -1,
+def worker_main(job_dir: Path, make_comm: Callable[[torch.device], Comm], rank_hint: int = -1,
                 should_stop: StopFn | None = None, max_steps: int | None = None,
                 make_step_stop: Callable[[Prepared], StepStopFn] | None = None) -> int:
     """Body of a worker process: set up, train, write outputs; on failure write rank{r}.error.json.
     `rank_hint` names the rank in an error raised before the communicator knows it (-1: unknown).
     With `should_stop`/`max_steps`/`make_step_stop` (built from the prepared run, on every rank;
     only rank 0's is asked) it is the sync phase of a switch: weights.npy and momentum.npy in the
-    job directory are where the async phase starts."""
+    job directory are where the async phase starts. `make_comm` is given the rank's device: its
+    spec's, on a GPU the one of its local rank (torchrun's LOCAL_RANK, else its rank: one host)."""
     job_dir = Path(job_dir)
     watch_launcher()
     configure_threads(1)
@@ -378,7 +389,10 @@ def worker_main(job_dir: Path, make_comm: Callable[[], Comm], rank_hint: int = -
     try:
         spec = read_job(job_dir)
         prep = prepare(spec)
-        comm = make_comm()
+        device = torch_device(spec.device, int(os.environ.get("LOCAL_RANK", max(rank, 0))))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        comm = make_comm(device)
         rank = comm.rank
         step_stop = make_step_stop(prep) if make_step_stop is not None else None
         result = run_sync(prep, comm, should_stop, max_steps, step_stop)

@@ -12,6 +12,7 @@ import dataclasses
 import typing
 from typing import Any, ClassVar
 
+from psbench.core.accelerator import CPU
 from psbench.core.cpu import LAUNCHER, WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
@@ -33,6 +34,11 @@ class System:
     """The system's options: a dataclass whose fields use `option`, parsed from --<field> / a file's options."""
     budgets: ClassVar[tuple[str, ...]] = ()
     """The --budget kinds it honours (updates, samples, seconds); planning refuses the others."""
+    devices: ClassVar[tuple[str, ...]] = (CPU,)
+    """The resolved --device values it runs on: cpu, and cuda where its engine has a GPU path here;
+    planning refuses cuda otherwise (and resolves --device auto to cpu)."""
+    no_cuda_reason: ClassVar[str] = "its engine has no GPU path here"
+    """Why it has no cuda, in a few words: the refusal's line and the docs say it."""
     timer_evaluator: ClassVar[bool] = False
     """It honours --eval-every-s (snapshots on the training clock, evaluated off it); planning refuses it otherwise."""
     max_workers: ClassVar[int | None] = None

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from psbench.core.accelerator import synchronize
 from psbench.core.emulation import Pacer, pacer_for
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
@@ -79,12 +80,14 @@ class Prepared:
         s = self.spec
         return pacer_for(s.emulate_device, s.stragglers, s.workload, worker, s.workers, s.seed)
 
-    def batches(self, worker: int, clock: StepClock | None = None) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    def batches(self, worker: int, clock: StepClock | None = None,
+                device: torch.device | None = None) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """(step, x, y) over the worker's shard until total_steps, as a DataLoader over a shuffled
         array reads it: each epoch the shard's rows are gathered once in that epoch's seeded order
         (`epoch_order`), then each step is a contiguous slice of that array, a view, no copy. A
         `clock` is told each batch's assembly time (StepClock.fetched: the step's data_s); an
-        epoch's gather lands on its first step."""
+        epoch's gather lands on its first step. On a GPU `device` the batch is copied there, inside
+        its assembly time."""
         shard = self.plan.shards[worker]
         last = self.total_steps(worker)
         one_batch = self.batch_size >= len(shard)  # every epoch is the same single batch
@@ -100,6 +103,9 @@ class Prepared:
                     return
                 xb = torch.from_numpy(x[start:start + self.batch_size])
                 yb = torch.from_numpy(y[start:start + self.batch_size])
+                if device is not None and device.type != "cpu":
+                    xb, yb = xb.to(device), yb.to(device)
+                    synchronize(device)
                 if clock is not None:
                     clock.fetched(time.perf_counter() - began)
                 yield step, xb, yb
@@ -180,9 +186,11 @@ class StepClock:
     part only.
     """
 
-    def __init__(self, pacer: Pacer, n_elements: int = 0):
+    def __init__(self, pacer: Pacer, n_elements: int = 0, device: torch.device | None = None):
         self.pacer = pacer
         self.n_elements = n_elements  # gradient elements of the model (for gradients_ready)
+        # a GPU's kernels return before they run: its compute and update are timed once it is idle
+        self.device = device if device is not None else torch.device("cpu")
         self.start = 0.0
         self.step = self.batch = 0
         self.compute_s: float | None = None
@@ -233,6 +241,7 @@ class StepClock:
         try:
             yield
         finally:
+            synchronize(self.device)
             self.update_s += time.perf_counter() - began
 
     def split(self) -> StepTimes:
@@ -250,6 +259,7 @@ def compute_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch
     forward_backward), then the pacer's sleep. Starts the step's clock; returns the loss."""
     clock.begin(step, len(y))
     loss = forward_backward(model, loss_fn, x, y, grads)
+    synchronize(clock.device)
     clock.computed()
     return loss
 
@@ -257,12 +267,13 @@ def compute_step(model: nn.Module, loss_fn: nn.Module, x: torch.Tensor, y: torch
 @torch.no_grad()
 def evaluate(model: nn.Module, loss_fn: nn.Module, x: np.ndarray, y: np.ndarray,
              batch_size: int = 1024) -> tuple[float, float]:
-    """Mean loss and accuracy over (x, y)."""
+    """Mean loss and accuracy over (x, y), on the device the model is on."""
     model.eval()
+    device = next(model.parameters()).device
     total_loss, correct = 0.0, 0
     for start in range(0, len(x), batch_size):
-        xb = torch.from_numpy(x[start:start + batch_size])
-        yb = torch.from_numpy(y[start:start + batch_size])
+        xb = torch.from_numpy(x[start:start + batch_size]).to(device)
+        yb = torch.from_numpy(y[start:start + batch_size]).to(device)
         logits = model(xb)
         total_loss += float(loss_fn(logits, yb)) * len(yb)
         correct += int((logits.argmax(1) == yb).sum())
@@ -295,12 +306,12 @@ def evaluate_snapshots(recorder, model: nn.Module, loss_fn: nn.Module, data: Dat
 # ---- flat views (for systems that move one buffer per step) ------------------------------
 
 def flat_params(model: nn.Module) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().astype(np.float32)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy().astype(np.float32)
 
 
 def flat_grads(model: nn.Module) -> np.ndarray:
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in model.parameters()]).numpy().astype(np.float32)
+                      for p in model.parameters()]).cpu().numpy().astype(np.float32)
 
 
 @torch.no_grad()
@@ -333,7 +344,7 @@ def flat_buffers(model: nn.Module) -> np.ndarray:
     buffers = float_buffers(model)
     if not buffers:
         return np.zeros(0, np.float32)
-    return np.concatenate([b.detach().numpy().reshape(-1) for b in buffers]).astype(np.float32)
+    return np.concatenate([b.detach().cpu().numpy().reshape(-1) for b in buffers]).astype(np.float32)
 
 
 @torch.no_grad()

@@ -9,12 +9,13 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from psbench.bench.harness.calibration import (CALIBRATION_WORKERS, Measured, RoleFigure, SystemCalibration,
                                                 load, load_or_calibrate)
+from psbench.core.accelerator import AUTO, CPU, CUDA, resolve
 from psbench.core.cpu import (LAUNCHER, WORKERS, Proc, TreeSampler, active_spans, classifier, measured_cores,
                               usable_cores)
 from psbench.core.emulation import parse_device, parse_stragglers, stall_schedule
@@ -48,8 +49,11 @@ Calibrator = Callable[[RunSpec, type[System]], SystemCalibration | None]
 
 def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrator | None = None) -> PlannedRun:
     """Validate everything about a spec before any run starts: names, values, options, availability,
-    cluster conditions, and whether the run fits the cores (see cpu_budget)."""
+    cluster conditions, and whether the run fits the cores (see cpu_budget). The planned spec
+    carries the resolved device (cpu or cuda), never auto."""
     system_cls = get_system(spec.system)
+    requested = spec.device
+    spec = replace(spec, device=planned_device(spec, system_cls, parse_device(spec.emulate_device) is not None))
     workload = get_workload(spec.workload)
     if workload.is_user:  # the user's factory and loader: their errors are one line here, not a run's failure
         workload.check(spec.seed, spec.data_dir)
@@ -85,7 +89,29 @@ def plan(spec: RunSpec, allow_oversubscribe: bool = False, calibrator: Calibrato
     processes, self_role = declared_processes(system_cls, options, spec.workers)
     calibration = (calibrator or calibrated)(spec, system_cls)
     conditions = cpu_budget(spec, system_cls, processes, device, stragglers, allow_oversubscribe, calibration)
+    if requested != spec.device:
+        conditions["device_requested"] = requested
+    if spec.device == CUDA:
+        import torch
+
+        conditions["device_name"] = torch.cuda.get_device_name(0)
     return PlannedRun(spec, system_cls, options, conditions, processes, self_role)
+
+
+def planned_device(spec: RunSpec, system_cls: type[System], emulated: bool) -> str:
+    """The device a run trains on: its --device resolved (core/accelerator.py) among those its
+    system runs on (`System.devices`); `auto` takes cuda only where the system has it and no device
+    is emulated. An emulated device with --device cuda is refused: the emulation stands in for an
+    accelerator on CPU workers, and a real GPU's step under its floor would measure neither."""
+    if spec.device == CUDA and CUDA not in system_cls.devices:
+        raise ConfigError(f"--device cuda: system '{spec.system}' runs on cpu only ({system_cls.no_cuda_reason}); "
+                          f"allowed: --device {CPU} or {AUTO}")
+    if spec.device == CUDA and emulated:
+        raise ConfigError("--emulate-device with --device cuda: refused, the emulated device stands in for an "
+                          "accelerator on CPU workers; give one or the other (--device auto with it trains on cpu)")
+    if CUDA not in system_cls.devices or emulated:
+        return CPU
+    return resolve(spec.device)
 
 
 _COMPUTE_CACHE: dict[tuple[str, int], tuple[float, int]] = {}

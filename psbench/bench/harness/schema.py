@@ -82,6 +82,7 @@ SPEC_RULES: dict[str, Rule] = {
     "stragglers": Rule(str),
     "budget": Rule(str),
     "eval_every_s": Rule(float, 0),
+    "device": Rule(str),
 }
 SCALAR = (str, int, float, bool)
 

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from psbench.core.atomic import atomic_write  # noqa: E402
-from psbench.core.records import STEP_TIME_COLUMNS  # noqa: E402
+from psbench.core.records import HOST_GPU_COPIES, STEP_TIME_COLUMNS  # noqa: E402
 from psbench import systems  # noqa: E402
 from psbench.bench.harness.results import SuiteResults  # noqa: E402
 from psbench.bench.report.sharding import SHARDING_METRICS, sharding_runs, strategy_order  # noqa: E402
@@ -593,7 +593,7 @@ def shard_class_counts(res: SuiteResults, out_dir: Path) -> list[Path]:
 BREAKDOWN_PARTS = {"compute_s": ("compute (real)", "#4c72b0"), "emulated_s": ("emulated device / straggler", "#a6cee3"),
                    "comm_s": ("communication", "#dd8452"), "wait_s": ("waiting on others", "#c44e52"),
                    "update_s": ("update (optimizer step)", "#55a868"),
-                   "data_s": ("batch assembly", "#8c8c8c")}
+                   "data_s": ("batch assembly", "#8c8c8c"), "h2d_d2h_s": ("host-GPU copies", "#937860")}
 
 
 def breakdown_groups(res: SuiteResults) -> pd.DataFrame:
@@ -612,7 +612,8 @@ def time_breakdown(res: SuiteResults, out_dir: Path) -> list[Path]:
     if runs.empty:
         return []
     panels = sorted(runs[["workload", "conditions"]].drop_duplicates().itertuples(index=False, name=None))
-    parts = {p: v for p, v in BREAKDOWN_PARTS.items() if runs[p].notna().any()}  # parts some system tells
+    parts = {p: v for p, v in BREAKDOWN_PARTS.items() if runs[p].notna().any()  # parts some system tells
+             and (p != HOST_GPU_COPIES or (runs[p] > 0).any())}  # copies: only where a run copied (a GPU)
 
     def draw(ax: plt.Axes, panel: tuple[str, str], style: Styles) -> None:
         rows_p = runs[(runs["workload"] == panel[0]) & (runs["conditions"] == panel[1])]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from psbench.core.records import STEP_TIME_COLUMNS
+from psbench.core.records import HOST_GPU_COPIES, STEP_TIME_COLUMNS
 from psbench.core.spec import workload_label
 from psbench.systems import SYNC, known_as, names_where
 from psbench.bench.harness.results import SuiteResults
@@ -248,7 +248,7 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
     for key, group in runs.groupby(GROUP, sort=True):
         row: dict[str, Any] = {**_key_cells(key), "runs": len(group)}  # runs with steps only (breakdown_groups)
         for col, name in zip(STEP_TIME_COLUMNS, ("compute", "emulated", "communication", "waiting", "update",
-                                                      "batch assembly"),
+                                                      "batch assembly", "host-GPU copies"),
                              strict=True):
             with_ci(row, f"{name} (ms)", group[col], "median", scale=1000)
             row[f"{name} (ms)"] = math.nan if row[f"{name} (ms)"] is None else row[f"{name} (ms)"]  # untold: nan
@@ -265,7 +265,11 @@ def breakdown_table(res: SuiteResults) -> pd.DataFrame:
         first = group.iloc[0]
         row["bytes are"] = measures.bytes_source(first["system"], res.manifests.get(first["run_id"]))
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    copies = "host-GPU copies (ms)"
+    if copies in frame and not (frame[copies] > 0).any():  # no run copied: every report before GPUs, unchanged
+        frame = frame.drop(columns=[c for c in frame.columns if c.startswith(copies)])
+    return frame
 
 
 def _median(values: pd.Series) -> float:
@@ -332,7 +336,8 @@ def fall_table(res: SuiteResults) -> pd.DataFrame:
                "fall ratio": f"{r['fall_ratio']:.3g} [{r['lo']:.3g}, {r['hi']:.3g}]", "n": r["n"]}
         for end in ("largest", "smallest"):
             row[f"compute/emul/comm/wait/update/data ms at {end}"] = " / ".join(
-                "–" if _missing(r[f"{end}_{c}"]) else f"{r[f'{end}_{c}'] * 1000:.3g}" for c in STEP_TIME_COLUMNS)
+                "–" if _missing(r[f"{end}_{c}"]) else f"{r[f'{end}_{c}'] * 1000:.3g}"
+                for c in STEP_TIME_COLUMNS if c != HOST_GPU_COPIES)  # Kassela's suite runs on cpu: no copies
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -5,6 +5,7 @@ import dataclasses
 import socket
 from pathlib import Path
 
+from psbench.core.accelerator import CPU, CUDA
 from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.records import Recorder
 from psbench.core.exposure import check_exposure, is_loopback
@@ -56,6 +57,7 @@ def bind_store_socket(addr: str, port: int) -> socket.socket:
 
 class DDPSystem(System):
     name = "ddp"
+    devices = (CPU, CUDA)  # gloo between CPUs, NCCL between GPUs, a GPU a rank
     budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = DDPOptions
@@ -91,7 +93,9 @@ class DDPSystem(System):
         recorder.extra["ddp_store"] = {"master_addr": options.master_addr,
                                        "auth": "loopback" if is_loopback(options.master_addr) else "insecure"}
         # gloo picks its interface from the hostname unless told; keep local runs on loopback.
-        env = child_env({"GLOO_SOCKET_IFNAME": "lo"} if is_loopback(options.master_addr) else None)
+        # loopback: gloo's and NCCL's own sockets (NCCL's bootstrap, on a GPU) stay on it too
+        env = child_env({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"} if is_loopback(options.master_addr)
+                        else None)
         listener = bind_store_socket(options.master_addr, options.master_port) if 0 in ranks else None
         port = listener.getsockname()[1] if listener else options.master_port
 

@@ -1,5 +1,6 @@
 """One DDP rank: `python -m psbench.systems.ddp.worker --job DIR --rank R --world N --master-addr A --master-port P`.
-Gradients move by DistributedDataParallel's bucketed gloo allreduce, overlapped with backward."""
+Gradients move by DistributedDataParallel's bucketed allreduce, overlapped with backward: gloo on a
+CPU, NCCL on a GPU (the run's --device)."""
 from __future__ import annotations
 
 import argparse
@@ -10,21 +11,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from psbench.systems.allreduce_common import exit_now, paced_ddp, worker_main
+from psbench.systems.allreduce_common import backend_for, exit_now, paced_ddp, worker_main
 from psbench.systems.common import StepClock
 
 
 class DDPComm:
     def __init__(self, rank: int, world: int, master_addr: str, master_port: int, timeout_s: float,
-                 listen_fd: int | None = None, store: dist.Store | None = None):
+                 listen_fd: int | None = None, store: dist.Store | None = None,
+                 device: torch.device = torch.device("cpu")):
         timeout = timedelta(seconds=timeout_s)
         if store is None:  # `store`: one the ranks already share (psbench launch)
             # Rank 0 serves the rendezvous store on a socket its launcher bound to master_addr and
             # handed over (no free-port race; torch's own store would listen on every interface).
             store = dist.TCPStore(master_addr, master_port, world, is_master=listen_fd is not None,
                                   timeout=timeout, master_listen_fd=listen_fd)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-        self.rank, self.size = rank, world
+        dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world, timeout=timeout)
+        self.rank, self.size, self.device = rank, world, device
 
     def wrap(self, model: nn.Module, optimizer: torch.optim.Optimizer,
              clock: StepClock) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -44,7 +46,7 @@ class DDPComm:
         tensor /= self.size
 
     def sum_floats(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)  # NCCL reduces device tensors only
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
@@ -66,7 +68,8 @@ def build_parser(prog: str = "python -m psbench.systems.ddp.worker") -> argparse
 
 def comm_factory(args: argparse.Namespace):
     """The communicator is made inside worker_main (its failures are reported like any other)."""
-    return lambda: DDPComm(args.rank, args.world, args.master_addr, args.master_port, args.timeout_s, args.listen_fd)
+    return lambda device: DDPComm(args.rank, args.world, args.master_addr, args.master_port, args.timeout_s,
+                                  args.listen_fd, device=device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,6 +61,8 @@ def is_local(hosts: str) -> bool:
 
 class HorovodSystem(System):
     name = "horovod"
+    no_cuda_reason = ("this Horovod is built without GPU operations: gloo on host tensors; its NCCL path needs "
+                      "a CUDA build of Horovod (HOROVOD_GPU_OPERATIONS=NCCL), not built here")
     budgets = ("seconds",)  # rank 0's training clock decides, every rank stops after the same step
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = HorovodOptions

@@ -14,10 +14,11 @@ from psbench.systems.common import StepClock
 
 
 class HorovodComm:
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         import horovod.torch as hvd
 
         self.hvd = hvd
+        self.device = device  # the host: this Horovod is built for gloo on host tensors (HorovodSystem.devices)
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self._n = 0

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from psbench.core.accelerator import CPU, CUDA
 from psbench.core.cpu import FORKED, WORKERS, Proc
 from psbench.core.exposure import read_token
 from psbench.core.records import Recorder, split_sync_wait
@@ -381,6 +382,7 @@ def ps_processes(servers: int, workers: int) -> list[Proc]:
 
 class PSSystem(System):
     name = "ps"
+    devices = (CPU, CUDA)  # workers compute on the GPU; shards apply on the host (gradients copied out, h2d_d2h_s)
     Options = PSOptions
 
     # --budget updates=N / samples=N: the shards' global step stops every worker; seconds=T: the clock

@@ -48,6 +48,7 @@ class WorkerReport:
 
 ROW_COLUMNS = ("step", "t_wall", "n_samples", "loss", "staleness", "bytes", "compute_s", "emulated_s", "comm_s",
                "wait_s", "update_s", "data_s")
+WORKER_ROW_COLUMNS = (*ROW_COLUMNS, "h2d_d2h_s")  # our PS worker's: its host-GPU copies too (the peers' have none)
 
 
 @dataclass
@@ -316,7 +317,7 @@ class Cluster:
                                                    stopped_at=msg.extra.get("stopped_at"))
         for w in sorted(set(self.lost_workers) - set(reports)):  # the rows it sent before it died
             rows = self.partial_rows.get(w, {})
-            reports[w] = WorkerReport(w, {c: rows.get(c, []) for c in ROW_COLUMNS}, lost=True)
+            reports[w] = WorkerReport(w, {c: rows.get(c, []) for c in WORKER_ROW_COLUMNS}, lost=True)
         return reports
 
     def wait_workers(self, timeout_s: float = 30.0) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from psbench.core.accelerator import timed_copy
 from psbench.core.supervisor import watch_launcher
 from psbench.systems.ps import protocol
 from psbench.core.exposure import add_token_argument, address_host, token_from_args
@@ -312,25 +313,37 @@ class Trainer:
         self.progress, self.halt_at_step = progress, halt_at_step
         import torch
 
-        self.model = prep.build_model()
+        from psbench.core.accelerator import torch_device
+
+        self.device = torch_device(prep.spec.device, worker_id)  # on a GPU: one a worker, modulo those seen
+        on_gpu = self.device.type == "cuda"
+        self.model = prep.build_model().to(self.device)
         self.loss_fn = prep.workload.loss_fn()
         self.params = list(self.model.parameters())
         # Tensor fusion: the weights are views of one flat vector (a reply is one copy per shard),
         # the gradients views of one flat buffer that backward accumulates into (a push sends a slice
         # per shard, zero-copy). Pipelined, two gradient buffers take turns: a push still in flight
-        # keeps its values while the next backward runs.
+        # keeps its values while the next backward runs. On a CPU the wire's host buffers are the
+        # model's own; on a GPU the model's are on the device, the wire's pinned host buffers beside
+        # them, and each step copies the gradients out and the parameters back (h2d_d2h_s).
         flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-        self.flat = flat.numpy()  # shared memory with the model's weights
-        self.grad_flats = [torch.zeros_like(flat) for _ in range(2 if pipeline else 1)]
-        self.grad_views: list[list] = [[] for _ in self.grad_flats]
+        n_buffers = 2 if pipeline else 1
+        self.device_flat = flat
+        self.device_grads = [torch.zeros_like(flat) for _ in range(n_buffers)]
+        host_flat = flat.cpu().pin_memory() if on_gpu else flat
+        self.host_flat = host_flat
+        self.flat = host_flat.numpy()  # the wire's parameters (on a CPU: shared with the model's weights)
+        self.grad_flats = [g.cpu().pin_memory() for g in self.device_grads] if on_gpu else self.device_grads
+        self.grad_views: list[list] = [[] for _ in self.device_grads]
         offset = 0
+        self.views = []  # per key, views of self.flat
         for p in self.params:
             n = p.numel()
             p.data = flat[offset:offset + n].view_as(p)
-            for views, g in zip(self.grad_views, self.grad_flats):
+            for views, g in zip(self.grad_views, self.device_grads):
                 views.append(g[offset:offset + n].view_as(p))
+            self.views.append(self.flat[offset:offset + n].reshape(p.shape))
             offset += n
-        self.views = [p.detach().numpy() for p in self.params]  # per key, views of self.flat
         # Buffers (BatchNorm running statistics) are not trained by the PS: each worker keeps its own;
         # worker 0's go with its snapshots so evaluation uses them.
 
@@ -348,6 +361,14 @@ class Trainer:
     def load(self, tensors: dict[int, np.ndarray]) -> None:
         for k, a in tensors.items():
             np.copyto(self.views[k], a)
+
+    def parameters_to_device(self) -> float:
+        """The wire's parameters into the model's (host->device): the seconds it took, 0 on a CPU."""
+        return timed_copy(self.device_flat, self.host_flat, self.device)
+
+    def gradients_to_host(self, buffer: int) -> float:
+        """A step's gradients into the wire's buffer (device->host): the seconds it took, 0 on a CPU."""
+        return timed_copy(self.grad_flats[buffer], self.device_grads[buffer], self.device)
 
     def load_reply(self, reply: PushReply) -> None:
         """The fresh parameters of a push's answers: one copy per shard (a packed answer)."""
@@ -379,34 +400,37 @@ class Trainer:
 
     def run(self, t0: float) -> WorkerResult:
         from psbench.systems.common import StepClock, compute_step
-        from psbench.systems.ps.launch import ROW_COLUMNS
+        from psbench.systems.ps.launch import WORKER_ROW_COLUMNS
 
         prep, kv, worker_id = self.prep, self.kv, self.worker_id
         tensors, _ = kv.pull(step=self.start_step)
         self.load(tensors)
+        self.parameters_to_device()
         every, last = prep.eval_every(worker_id), prep.total_steps(worker_id)
-        cols: dict[str, list] = {c: [] for c in ROW_COLUMNS}
+        cols: dict[str, list] = {c: [] for c in WORKER_ROW_COLUMNS}
         out = WorkerResult(cols)
-        clock = StepClock(prep.pacer(worker_id))
+        clock = StepClock(prep.pacer(worker_id), device=self.device)
         bsp = str(prep.spec.options.get("consistency", "asp")) == "bsp"  # one bsp update: every worker's batch
         budget = prep.budget_updates(prep.batch_size * (prep.spec.workers if bsp else 1))
         deadline = prep.budget_seconds()  # --budget seconds=T on the run's clock (t0: its zero, epoch s)
 
         def finish(step: int, n_samples: int, loss: float, flight: InFlight,
-                   times: tuple[float, float, float]) -> PushReply:
-            """Take step's reply: load the fresh parameters (update_s), record the row (and a
-            snapshot). comm_s: the whole push+pull (a pipelined push: only the time blocked on its
-            reply); the adapter splits off the wait for other workers under bsp/ssp."""
+                   times: tuple[float, float, float, float]) -> PushReply:
+            """Take step's reply: load the fresh parameters (update_s) and copy them to the device,
+            record the row (and a snapshot). comm_s: the whole push+pull (a pipelined push: only the
+            time blocked on its reply); the adapter splits off the wait for other workers under
+            bsp/ssp. h2d_d2h_s: the step's gradients out and these parameters in (0 on a CPU)."""
             blocked = time.perf_counter()
             reply = self.kv.push_wait(flight)
             loading = time.perf_counter()
             self.load_reply(reply)
             update = time.perf_counter() - loading
-            comm = loading - blocked if self.pipeline else clock.split().comm_s - update
+            compute, emulated, data, to_host = times
+            copies = to_host + self.parameters_to_device()
+            comm = loading - blocked if self.pipeline else clock.split().comm_s - update - copies
             t = time.time() - t0
-            compute, emulated, data = times
             for name, value in zip(cols, (step, t, n_samples, loss, reply.staleness, reply.nbytes, compute, emulated,
-                                          comm, 0.0, update, data), strict=True):
+                                          comm, 0.0, update, data, copies), strict=True):
                 cols[name].append(value)
             if self.snapshots and (step + 1) % every == 0 and step + 1 < last:
                 out.snapshot_steps.append(step + 1)
@@ -427,7 +451,7 @@ class Trainer:
                 sent, next_progress = len(cols["step"]), time.monotonic() + PROGRESS_EVERY_S
             buffer = step % len(self.grad_flats)  # pipelined: not the one of the push in flight
             loss = compute_step(self.model, self.loss_fn, x, y, clock, step, self.grad_views[buffer])
-            times = (clock.compute_s, clock.emulated_s, clock.data_s)
+            times = (clock.compute_s, clock.emulated_s, clock.data_s, self.gradients_to_host(buffer))
             if self.pipeline:
                 based_on = list(kv.versions)  # the parameters these gradients were computed on
                 if in_flight is not None:

@@ -91,6 +91,7 @@ class RayPSOptions(PeerOptions):
 
 class RayPSSystem(System):
     name = "ray-ps"
+    no_cuda_reason = "its actors hold host tensors; Ray's GPU placement (num_gpus) is not set up"
     Options = RayPSOptions
 
     @staticmethod

@@ -30,6 +30,7 @@ LOOPBACK_ENV = {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
 
 class RpcPSSystem(System):
     name = "rpc-ps"
+    no_cuda_reason = "its trainers send host tensors over TensorPipe; no device map is set up"
     Options = PeerOptions
 
     @staticmethod

@@ -1,8 +1,9 @@
-"""The single-process baseline: plain SGD on one core."""
+"""The single-process baseline: plain SGD on one core (or, with --device cuda, one GPU)."""
 from __future__ import annotations
 
 import math
 
+from psbench.core.accelerator import CPU, CUDA, torch_device
 from psbench.core.cpu import WORKERS
 from psbench.core.records import Recorder
 from psbench.core.spec import RunSpec
@@ -17,6 +18,7 @@ class SingleSystem(System):
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = NoOptions
     max_workers = 1
+    devices = (CPU, CUDA)  # the model and batches on the device
     cpu_self_role = WORKERS  # the worker is this process: no launcher besides it
 
     @classmethod
@@ -27,11 +29,12 @@ class SingleSystem(System):
         configure_threads(1)
         prep = prepare(spec)
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
-        model = prep.build_model()
+        device = torch_device(spec.device)
+        model = prep.build_model().to(device)
         loss_fn = prep.workload.loss_fn()
         optimizer = make_optimizer(model, prep.workload, prep.lr)
         every, timer = prep.eval_every(), spec.eval_every_s
-        clock = StepClock(prep.pacer(0))
+        clock = StepClock(prep.pacer(0), device=device)
         deadline = prep.budget_seconds()
         recorder.start_clock()
         next_eval = timer if timer is not None else None
@@ -47,7 +50,7 @@ class SingleSystem(System):
 
         evaluate(0)
         step, last_eval = 0, 0
-        for step, x, y in prep.batches(0, clock):
+        for step, x, y in prep.batches(0, clock, device):
             if deadline is not None and recorder.now() >= deadline:
                 step -= 1  # this batch is not trained: the last step done is the one before
                 break

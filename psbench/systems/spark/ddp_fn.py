@@ -1,5 +1,5 @@
 """The function TorchDistributor runs in each of its N processes (torchrun ranks): plain torch DDP
-over gloo on the worker's shard. It lives in its own importable module so cloudpickle ships it by
+over gloo on the worker's shard (NCCL on a GPU a rank, with --device cuda). It lives in its own importable module so cloudpickle ships it by
 reference; the ranks import this checkout through PYTHONPATH (systems.common.child_env)."""
 from __future__ import annotations
 
@@ -17,18 +17,22 @@ def train(payload: dict[str, Any]) -> bytes | None:
     import torch
     import torch.distributed as dist
 
+    from psbench.core.accelerator import torch_device
     from psbench.core.spec import RunSpec
-    from psbench.systems.allreduce_common import paced_ddp
+    from psbench.systems.allreduce_common import backend_for, paced_ddp
     from psbench.systems.common import StepClock, compute_step, configure_threads, flat_params, make_optimizer, prepare
     from psbench.systems.spark.partitions import common_steps, injected_failure
 
     configure_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     spec = RunSpec.from_dict(payload["spec"])
+    device = torch_device(spec.device, int(os.environ.get("LOCAL_RANK", 0)))  # torchrun sets LOCAL_RANK
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device))
+    rank, world = dist.get_rank(), dist.get_world_size()
     prep = prepare(spec)
-    model = prep.build_model()  # same seed on every rank (DDP also broadcasts rank 0's weights)
-    clock = StepClock(prep.pacer(rank))
+    model = prep.build_model().to(device)  # same seed on every rank (DDP also broadcasts rank 0's weights)
+    clock = StepClock(prep.pacer(rank), device=device)
     ddp = paced_ddp(model, clock)
     loss_fn = prep.workload.loss_fn()
     optimizer = make_optimizer(model, prep.workload, prep.lr)
@@ -37,7 +41,7 @@ def train(payload: dict[str, Any]) -> bytes | None:
     dist.barrier()
     t_ready = time.time()
     rows, snapshots = [], []
-    for step, x, y in prep.batches(rank, clock):
+    for step, x, y in prep.batches(rank, clock, device):
         if step >= total:
             break
         injected_failure(step, payload["fail_at_step"], rank, world)
@@ -52,14 +56,16 @@ def train(payload: dict[str, Any]) -> bytes | None:
         if rank == 0 and ((step + 1) % every == 0 or step + 1 == total):
             snapshots.append((step + 1, time.time(), flat_params(model)))
     # Every rank ran the same step count: gather the rows as one float64 tensor (no pickled objects).
-    mine = torch.tensor([[r[k] for k in ROW_FIELDS] for r in rows], dtype=torch.float64).reshape(-1, len(ROW_FIELDS))
+    mine = torch.tensor([[r[k] for k in ROW_FIELDS] for r in rows], dtype=torch.float64,
+                        device=device).reshape(-1, len(ROW_FIELDS))  # NCCL gathers device tensors only
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     dist.destroy_process_group()
     if rank == 0:
+        table = torch.cat(gathered).cpu().numpy()
         if payload["result_path"] is None:
-            return result_bytes(torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
-        write_result(payload["result_path"], torch.cat(gathered).numpy(), snapshots, t_enter, t_ready)
+            return result_bytes(table, snapshots, t_enter, t_ready)
+        write_result(payload["result_path"], table, snapshots, t_enter, t_ready)
     return None
 
 

@@ -127,6 +127,7 @@ class SparkSystem(System):
     executor fails with that loss as its reason (ExecutorWatch)."""
 
     name = "spark"
+    no_cuda_reason = "Spark's own trainers and task loops run on the host here"
 
     def _train(self, spec: Any, options: Any, recorder: Any) -> None:
         raise NotImplementedError

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from psbench.core.accelerator import CPU, CUDA
 from psbench.core.errors import ConfigError
 from psbench.core.cpu import WORKERS, Proc
 from psbench.core.records import Recorder, split_sync_wait
@@ -36,6 +37,7 @@ class TorchOptions(SparkOptions):
 
 class SparkTorchSystem(SparkSystem):
     name = "spark-torch"
+    devices = (CPU, CUDA)  # the ranks' DDP on a GPU each, NCCL between them (TorchDistributor's use_gpu)
     Options = TorchOptions
 
     @staticmethod
@@ -59,7 +61,7 @@ class SparkTorchSystem(SparkSystem):
         recorder.shard_report = prep.plan.report(prep.data.y_train, prep.data.n_classes)
         model = prep.build_model()
         loss_fn = prep.workload.loss_fn()
-        distributor = TorchDistributor(num_processes=spec.workers, local_mode=options.local_mode, use_gpu=False)
+        distributor = TorchDistributor(num_processes=spec.workers, local_mode=options.local_mode, use_gpu=spec.device == CUDA)
         logging.getLogger("TorchDistributor").setLevel(logging.WARNING)
 
         with tempfile.TemporaryDirectory(prefix="psbench-torch-") as tmp:
@@ -70,8 +72,9 @@ class SparkTorchSystem(SparkSystem):
             # torchrun's chatter, and the ranks' output that TorchDistributor streams to the driver's
             # stderr (tracebacks of torchrun's exit barrier among it): kept for the error message
             output = io.StringIO()
-            saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS")}
-            os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")  # gloo on loopback only
+            saved = {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS")}
+            # gloo (and NCCL's bootstrap, on a GPU) on loopback only
+            os.environ.update(GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
             t_call = time.time()
             try:
                 with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):

@@ -125,6 +125,7 @@ def _phase1_ps_bsp(spec: RunSpec, prep: Prepared, options: SwitchOptions, record
 
 class SwitchSystem(System):
     name = "switch"
+    no_cuda_reason = "its hand-over from the sync phase to the PS phase is built on host buffers"
     budgets = ("seconds",)  # over both phases: the sync phase stops there too if the criterion never fired
     timer_evaluator = True  # --eval-every-s: snapshots on the training clock, evaluated off it
     Options = SwitchOptions

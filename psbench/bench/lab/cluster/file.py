@@ -184,6 +184,9 @@ def parse(raw: dict[str, Any], source: str = "cluster file") -> ClusterFile:
         spec = RunSpec(**{**run, "options": options})
     except TypeError as exc:
         raise ConfigError(f"{source}: [run] {exc}") from None
+    if spec.device != "cpu":  # the hosts' GPUs cannot be seen from here to resolve or refuse it
+        raise ConfigError(f"{source}: [run] device '{spec.device}': a cluster file's roles run on cpu; allowed: cpu "
+                          "(on GPU hosts: psbench launch --device cuda under torchrun, docs/devices.md)")
     port = raw.get("port", 29500)
     if not (isinstance(port, int) and 1024 <= port <= 65535 - len(hosts)):
         raise ConfigError(f"{source}: port must be an integer in 1024..{65535 - len(hosts)}, got {port!r}")

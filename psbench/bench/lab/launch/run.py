@@ -102,12 +102,14 @@ def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record
     check_exposure("ddp's rendezvous store (MASTER_ADDR)", env.master_addr, None, options.insecure, DDP_REMEDY)
     if is_loopback(env.master_addr):   # gloo picks its interface from the hostname unless told
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # NCCL's bootstrap too, on a GPU
     store = job_store(env, spec, options.timeout_s)
     offsets = measure_offsets(store, env.rank, env.world)
     auth = "loopback" if is_loopback(env.master_addr) else "insecure"
     return allreduce_rank(spec, env, Output(results_dir, suite, record_format), store, offsets,
-                          lambda: DDPComm(env.rank, env.world, env.master_addr, env.master_port, options.timeout_s,
-                                          store=dist.PrefixStore("ddp", store)),
+                          lambda device: DDPComm(env.rank, env.world, env.master_addr, env.master_port,
+                                                 options.timeout_s, store=dist.PrefixStore("ddp", store),
+                                                 device=device),
                           auth, {"ddp_store": {"master_addr": env.master_addr, "auth": auth}})
 
 
@@ -158,7 +160,7 @@ class Output:
     record_format: str
 
 
-def allreduce_rank(spec: RunSpec, env: LaunchEnv, out: Output, store, offsets: dict, make_comm: Callable[[], Any],
+def allreduce_rank(spec: RunSpec, env: LaunchEnv, out: Output, store, offsets: dict, make_comm: Callable[[Any], Any],
                    auth: str, recorder_extra: dict | None = None, launch_extra: dict | None = None) -> RunResult | None:
     """One rank of an allreduce system (every rank a worker) on the job's store: the system's rank
     body (worker_main) in this rank's staging folder; the other ranks hand their files to rank 0,
