@@ -1,0 +1,108 @@
+"""`psbench run --config FILE --launcher slurm`, its planning without a cluster (sinfo's answer
+given): ranks by role onto nodes, each node's CPU plan against the CPUs Slurm reports, the refusals
+(a system psbench launch cannot run, a ps run without a token file, an allreduce run over nodes
+without insecure) in one line before anything is submitted, and `psbench launch --spec` taking the
+run whole. Jobs for real: tests/test_slurm.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psbench.bench.cli import main
+from psbench.bench.lab.launch import slurm_suite
+from psbench.bench.lab.launch.slurm_suite import Nodes, parse_sinfo, plan_slurm
+from psbench.core.errors import ConfigError
+from psbench.core.spec import RunSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def token(tmp_path) -> str:
+    path = tmp_path / "token"
+    path.write_text("0123456789abcdef\n")
+    os.chmod(path, 0o600)
+    return str(path)
+
+
+def test_sinfo_gives_nodes_and_the_fewest_cpus_a_node_listed_once_per_partition():
+    assert parse_sinfo("n0 8\nn1 4\nn0 8\n") == Nodes(2, 4)
+    with pytest.raises(ConfigError, match="sinfo lists no nodes"):
+        parse_sinfo("")
+
+
+def test_ps_shards_are_the_first_ranks_and_each_node_is_planned_against_its_cpus(token):
+    spec = RunSpec("ps", "mlp-digits", workers=3, max_steps=20, options={"servers": 1})
+    [run] = plan_slurm([spec], Nodes(2, 2), token, allow_oversubscribe=False)
+    assert run.placement.roles == ("ps shard", "workers", "workers", "workers")
+    assert run.placement.sbatch_args() == ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2"]
+    # the token's path goes with the run, not into its id (a location, not a setting)
+    assert run.planned.spec.options["token_file"] == token and run.planned.spec.run_id == spec.run_id
+    plan = run.slurm_plan
+    assert plan["node_cpus"] == 2 and plan["nodes"] == 2 and not plan["oversubscribed"]
+    # the busiest node holds two workers (a core each, computing flat out)
+    assert plan["node_cpu_plan"] == {"workers": {"count": 2, "cores": pytest.approx(2.0, abs=0.01)}}
+    # the same run on nodes of one CPU: refused as a local plan is, naming the node's CPUs and sinfo
+    with pytest.raises(ConfigError) as refused:
+        plan_slurm([spec], Nodes(2, 1), token, allow_oversubscribe=False)
+    assert str(refused.value).startswith(f"run {spec.run_id} needs about 2.0 cores on a node (2 workers x 1.00), "
+                                         "a Slurm node has 1 (sinfo): use an emulated device")
+    [crowded] = plan_slurm([spec], Nodes(2, 1), token, allow_oversubscribe=True)
+    assert crowded.slurm_plan["oversubscribed"] is True
+
+
+def test_refusals_are_one_line_before_anything_is_submitted(token, monkeypatch):
+    monkeypatch.setattr(slurm_suite, "submit", lambda *a, **k: pytest.fail("submitted"))
+    ddp = RunSpec("ddp", "mlp-digits", workers=2)
+    with pytest.raises(ConfigError, match=r"spans 2 nodes: .*insecure = true"):
+        plan_slurm([ddp], Nodes(2, 2), None, False)
+    assert plan_slurm([ddp], Nodes(1, 2), None, False)[0].placement.nodes == 1   # one node: loopback
+    with pytest.raises(ConfigError, match=r"needs the job's token: --token-file FILE"):
+        plan_slurm([RunSpec("ps", "mlp-digits")], Nodes(2, 2), None, False)
+    os.chmod(token, 0o644)
+    with pytest.raises(ConfigError, match="token"):
+        plan_slurm([RunSpec("ps", "mlp-digits")], Nodes(2, 2), token, False)
+
+
+def test_a_system_psbench_launch_cannot_run_is_refused_at_plan_time_in_one_line(tmp_path, capsys):
+    config = tmp_path / "mixed.toml"
+    config.write_text('suite = "mixed"\n[matrix]\nsystem = ["ps", "spark-mllib", "single"]\nworkload = "mlp-digits"\n')
+    # no sinfo is asked: the refusal comes first, so it holds on a machine without Slurm too
+    assert main(["run", "--config", str(config), "--launcher", "slurm", "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("psbench: error: --launcher slurm cannot run system(s) single, spark-mllib (psbench launch runs "
+                   "ddp, ps, horovod): drop them from the experiment, or run it without --launcher")
+    assert not (tmp_path / "r").exists()
+
+
+def test_launch_takes_the_run_whole_as_json_and_checks_it_against_the_ranks():
+    spec = RunSpec("ps", "mlp-digits", workers=3, options={"servers": 1})
+    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29999"}
+    done = subprocess.run([sys.executable, "-m", "psbench", "launch", "--spec", json.dumps(spec.to_dict())], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("psbench: error: --spec has 3 worker(s); the engine started 3 rank(s) "
+                                   "(1 shard(s) and the workers)")
+    both = subprocess.run([sys.executable, "-m", "psbench", "launch", "--spec", json.dumps(spec.to_dict()),
+                           "--system", "ps"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "takes --spec JSON or the run's flags" in both.stderr
+
+
+def test_dry_run_prints_each_jobs_shape_and_node_plan_and_submits_nothing(tmp_path, token, monkeypatch, capsys):
+    monkeypatch.setattr(slurm_suite, "read_nodes", lambda: Nodes(2, 2))
+    monkeypatch.setattr(slurm_suite, "submit", lambda *a, **k: pytest.fail("submitted"))
+    config = tmp_path / "ps.toml"
+    config.write_text('suite = "dry"\n[matrix]\nsystem = "ps"\nworkload = "mlp-digits"\nworkers = 3\nseed = [0, 1]\n')
+    assert main(["run", "--config", str(config), "--launcher", "slurm", "--dry-run", "--token-file", token,
+                 "--results-dir", str(tmp_path / "r")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3 and lines[-1] == "2 of 2 run(s) of suite 'dry' to submit (a dry run: nothing submitted)"
+    assert all(" to run  --nodes=2 --ntasks=4 --ntasks-per-node=2  2.00 of 2 cores a node: 2 workers x 1.00" in line
+               for line in lines[:2]), lines
+    assert not (tmp_path / "r").exists()
