@@ -10,12 +10,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from psbench.bench.cli import main
 from psbench.bench.lab.launch import slurm_suite
-from psbench.bench.lab.launch.slurm_suite import Nodes, parse_sinfo, plan_slurm
+from psbench.bench.lab.launch.slurm_suite import Nodes, Placement, node_plan, parse_sinfo, plan_slurm
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
 
@@ -47,13 +48,38 @@ def test_ps_shards_are_the_first_ranks_and_each_node_is_planned_against_its_cpus
     assert plan["node_cpus"] == 2 and plan["nodes"] == 2 and not plan["oversubscribed"]
     # the busiest node holds two workers (a core each, computing flat out)
     assert plan["node_cpu_plan"] == {"workers": {"count": 2, "cores": pytest.approx(2.0, abs=0.01)}}
-    # the same run on nodes of one CPU: refused as a local plan is, naming the node's CPUs and sinfo
+
+
+def test_a_node_the_cpu_plan_oversubscribes_is_refused_or_warned_and_recorded(token, monkeypatch, capsys):
+    """Processes of more than a core each (a figure above 1: a JVM's threads) on a node's CPUs."""
+    planned = SimpleNamespace(conditions={"cpu_plan": {"workers": {"count": 2, "cores": 2.6}}})
+    placement = Placement(("workers", "workers"), 1, 2)
+    plan = node_plan(planned, placement, Nodes(1, 2))
+    assert plan["node_cpu_demand"] == 2.6 and plan["oversubscribed"] is True
+    assert node_plan(planned, placement, Nodes(1, 3))["oversubscribed"] is False
+    monkeypatch.setattr(slurm_suite, "node_plan", lambda *a: plan)
+    spec = RunSpec("ddp", "mlp-digits", workers=2)
     with pytest.raises(ConfigError) as refused:
-        plan_slurm([spec], Nodes(2, 1), token, allow_oversubscribe=False)
-    assert str(refused.value).startswith(f"run {spec.run_id} needs about 2.0 cores on a node (2 workers x 1.00), "
-                                         "a Slurm node has 1 (sinfo): use an emulated device")
-    [crowded] = plan_slurm([spec], Nodes(2, 1), token, allow_oversubscribe=True)
-    assert crowded.slurm_plan["oversubscribed"] is True
+        plan_slurm([spec], Nodes(1, 2), None, allow_oversubscribe=False)
+    assert str(refused.value) == (f"run {spec.run_id} needs about 2.6 cores on a node (2 workers x 1.30), a Slurm node "
+                                  "has 2 (sinfo): use an emulated device (--emulate-device step_ms=20), fewer workers, "
+                                  "more nodes, or --allow-oversubscribe (recorded in the manifest)")
+    [crowded] = plan_slurm([spec], Nodes(1, 2), None, allow_oversubscribe=True)
+    assert crowded.slurm_plan["oversubscribed"] is True and "recorded as oversubscribed" in capsys.readouterr().err
+
+
+def test_more_tasks_a_node_than_its_cpus_is_refused_as_slurm_would_hold_it(token):
+    """8 workers sleeping an emulated device and a shard: 5 tasks a 2-CPU node. The CPU plan says
+    they fit, but Slurm gives each task a CPU (and rejects --ntasks-per-node beyond them even with
+    --overcommit): one line at plan time, not a job sbatch refuses mid-suite."""
+    spec = RunSpec("ps", "mlp-digits", workers=8, max_steps=20, emulate_device="cluster-node")
+    with pytest.raises(ConfigError) as refused:
+        plan_slurm([spec], Nodes(2, 2), token, allow_oversubscribe=True)
+    assert str(refused.value) == (f"run {spec.run_id} has 9 ranks, 5 a node on 2 node(s); a Slurm node has 2 CPUs "
+                                  "(sinfo) and Slurm gives each task one: use fewer workers, or a cluster of more nodes")
+    [fits] = plan_slurm([spec], Nodes(2, 8), token, allow_oversubscribe=False)
+    assert fits.placement.sbatch_args() == ["--nodes=2", "--ntasks=9", "--ntasks-per-node=5"]
+    assert fits.slurm_plan["oversubscribed"] is False
 
 
 def test_refusals_are_one_line_before_anything_is_submitted(token, monkeypatch):

@@ -7,7 +7,8 @@ Always a batch job of its own, also inside an allocation (SLURM_JOB_ID set): eac
 own job id, output and accounting, and a suite outlives the allocation it was started from.
 
 Ranks: ddp and horovod a rank a worker, ps its shards (ranks 0..S-1) and its workers; spread over
-min(ranks, nodes) nodes, ceil(ranks / nodes) a node (sinfo gives the nodes and their CPUs). The CPU
+min(ranks, nodes) nodes, ceil(ranks / nodes) a node (sinfo gives the nodes and their CPUs; more
+tasks a node than its CPUs is refused, as Slurm would hold the job). The CPU
 plan is the local one's per process (runner.plan), summed over the ranks each node holds and set
 against that node's CPUs as Slurm reports them; a node it oversubscribes is refused, or with
 --allow-oversubscribe warned of and recorded (the manifest's extra.launch.slurm_plan).
@@ -98,9 +99,17 @@ def rank_roles(planned: PlannedRun) -> tuple[str, ...]:
                  for _ in range(p.count))
 
 
-def place(roles: tuple[str, ...], nodes: Nodes) -> Placement:
+def place(spec: RunSpec, roles: tuple[str, ...], nodes: Nodes) -> Placement:
+    """The ranks spread over the nodes. Slurm gives each task a CPU: a run with more tasks a node
+    than a node's CPUs is refused here (the script asks for --ntasks-per-node, which --overcommit
+    does not lift: slurm-wlm 22.05 rejects the job, "Requested node configuration is not available")."""
     used = min(len(roles), nodes.count)
-    return Placement(roles, used, math.ceil(len(roles) / used))
+    per_node = math.ceil(len(roles) / used)
+    if per_node > nodes.cpus:
+        raise ConfigError(f"run {spec.run_id} has {len(roles)} ranks, {per_node} a node on {used} node(s); a Slurm "
+                          f"node has {nodes.cpus} CPUs (sinfo) and Slurm gives each task one: use fewer workers, "
+                          "or a cluster of more nodes")
+    return Placement(roles, used, per_node)
 
 
 def node_plan(planned: PlannedRun, placement: Placement, nodes: Nodes) -> dict[str, Any]:
@@ -147,7 +156,7 @@ def plan_slurm(specs: list[RunSpec], nodes: Nodes, token_file: str | None, allow
         if spec.system == "ps":
             spec = RunSpec.from_dict({**spec.to_dict(), "options": {**spec.options, "token_file": str(Path(token_file).resolve())}})
         planned = plan(spec, allow_oversubscribe=True)   # the local figures; the nodes' CPUs decide below
-        placement = place(rank_roles(planned), nodes)
+        placement = place(spec, rank_roles(planned), nodes)
         if spec.system != "ps" and placement.nodes > 1 and not getattr(planned.options, "insecure", False):
             raise ConfigError(f"run {spec.run_id} spans {placement.nodes} nodes: {ALLREDUCE_REMEDY}")
         slurm_plan = node_plan(planned, placement, nodes)
@@ -175,13 +184,21 @@ def submit(run: SlurmRun, results_dir: Path, suite: str, record_format: str, scr
     env = {**os.environ, PLAN_ENV: json.dumps(run.slurm_plan)}
     env.setdefault("PSBENCH", f"{sys.executable} -m psbench")   # the nodes share this install's path
     began = time.monotonic()
-    done = subprocess.run(argv, env=env, capture_output=True, text=True)
-    job_id = done.stdout.strip().split(";")[0]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    job_id = proc.stdout.readline().strip().split(";")[0]   # --parsable: the id at submission, then the wait
+    try:
+        _, err = proc.communicate()
+    except BaseException:   # interrupted: sbatch --wait leaves its job queued; cancel it
+        proc.kill()
+        if job_id:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+        raise
     out_file = Path(str(output).replace("%j", job_id))
     text = out_file.read_text(errors="replace") if job_id and out_file.is_file() else ""
-    job = Job(job_id, done.returncode, time.monotonic() - began, text, done.stderr)
-    if job.failure() is not None:
-        raise RuntimeError(f"{job.failure()} (log: {out_file})")
+    job = Job(job_id, proc.returncode, time.monotonic() - began, text, err)
+    if job.failure() is not None:   # refused by sbatch: no job, no output file
+        raise RuntimeError(f"{job.failure()} (log: {out_file})" if job_id else job.failure())
     out_file.unlink(missing_ok=True)
     try:
         failed.rmdir()   # none failed: no failed/ folder, as a local suite's
