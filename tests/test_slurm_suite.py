@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,8 +16,6 @@ from psbench.bench.lab.launch import slurm_suite
 from psbench.bench.lab.launch.slurm_suite import Nodes, Placement, node_plan, parse_sinfo, plan_slurm
 from psbench.core.errors import ConfigError
 from psbench.core.spec import RunSpec
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -106,18 +101,18 @@ def test_a_system_psbench_launch_cannot_run_is_refused_at_plan_time_in_one_line(
     assert not (tmp_path / "r").exists()
 
 
-def test_launch_takes_the_run_whole_as_json_and_checks_it_against_the_ranks():
+def test_launch_takes_the_run_whole_as_json_and_checks_it_against_the_ranks(monkeypatch, capsys):
     spec = RunSpec("ps", "mlp-digits", workers=3, options={"servers": 1})
-    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "29999"}
-    done = subprocess.run([sys.executable, "-m", "psbench", "launch", "--spec", json.dumps(spec.to_dict())], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr.strip() == ("psbench: error: --spec has 3 worker(s); the engine started 3 rank(s) "
-                                   "(1 shard(s) and the workers)")
-    both = subprocess.run([sys.executable, "-m", "psbench", "launch", "--spec", json.dumps(spec.to_dict()),
-                           "--system", "ps"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert both.returncode == 2 and "takes --spec JSON or the run's flags" in both.stderr
+    for name, value in {"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["launch", "--spec", json.dumps(spec.to_dict())]) == 2
+    assert capsys.readouterr().err.strip() == ("psbench: error: --spec has 3 worker(s); the engine started 3 rank(s) "
+                                               "(1 shard(s) and the workers)")
+    assert main(["launch", "--spec", json.dumps(spec.to_dict()), "--system", "ps"]) == 2
+    assert "takes --spec JSON or the run's flags" in capsys.readouterr().err
+    assert main(["launch", "--spec", "[1]"]) == 2
+    assert capsys.readouterr().err.strip() == "psbench: error: --spec is no JSON object of a run's settings"
 
 
 def test_dry_run_prints_each_jobs_shape_and_node_plan_and_submits_nothing(tmp_path, token, monkeypatch, capsys):
