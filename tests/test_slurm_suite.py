@@ -26,10 +26,13 @@ def token(tmp_path) -> str:
     return str(path)
 
 
-def test_sinfo_gives_nodes_and_the_fewest_cpus_a_node_listed_once_per_partition():
-    assert parse_sinfo("n0 8\nn1 4\nn0 8\n") == Nodes(2, 4)
-    with pytest.raises(ConfigError, match="sinfo lists no nodes"):
-        parse_sinfo("")
+def test_sinfo_gives_the_default_partitions_usable_nodes_and_the_fewest_cpus_of_one():
+    assert parse_sinfo("n0 8 idle lab*\nn1 4 mix lab*\nn0 8 idle big\n") == Nodes(2, 4)
+    # down, drained or not responding nodes left out; another partition's nodes too
+    assert parse_sinfo("n0 8 idle lab*\nn1 2 down lab*\nn2 2 idle* lab*\nn3 1 drain lab*\nn4 1 idle gpu\n") == Nodes(1, 8)
+    assert parse_sinfo("n0 4 alloc a\nn1 4 idle b\n") == Nodes(2, 4)   # no default partition: all of them
+    with pytest.raises(ConfigError, match=r"sinfo lists no usable node \(states idle, mix"):
+        parse_sinfo("n0 8 down lab*\n")
 
 
 def test_ps_shards_are_the_first_ranks_and_each_node_is_planned_against_its_cpus(token):

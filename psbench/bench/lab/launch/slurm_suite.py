@@ -49,21 +49,28 @@ class Nodes:
     cpus: int
 
 
+# node states a job can be placed on (now or once their jobs end); sinfo marks others' flags with a
+# suffix (* not responding, ~ powered off, ...), which leaves the node out
+USABLE_STATES = ("idle", "mix", "alloc", "comp", "resv", "plnd")
+SINFO_FORMAT = "%N %c %t %P"
+
+
 def parse_sinfo(text: str) -> Nodes:
-    """`sinfo --noheader --Node --format='%N %c'` (a node once per partition it is in)."""
-    cpus: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
-            cpus[parts[0]] = int(parts[1])
+    """`sinfo --noheader --Node --format='%N %c %t %P'`: the usable nodes of the default partition
+    (sbatch's, marked *; every partition where none is), a node once."""
+    rows = [line.split() for line in text.splitlines() if len(line.split()) == 4 and line.split()[1].isdigit()]
+    if any(row[3].endswith("*") for row in rows):
+        rows = [row for row in rows if row[3].endswith("*")]
+    cpus = {name: int(count) for name, count, state, _ in rows if state in USABLE_STATES}
     if not cpus:
-        raise ConfigError(f"sinfo lists no nodes with their CPUs (got {text.strip()[:200]!r})")
+        raise ConfigError(f"sinfo lists no usable node (states {', '.join(USABLE_STATES)}) with its CPUs; got "
+                          f"{text.strip()[:200]!r}")
     return Nodes(len(cpus), min(cpus.values()))
 
 
 def read_nodes() -> Nodes:
     try:
-        done = subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N %c"], capture_output=True,
+        done = subprocess.run(["sinfo", "--noheader", "--Node", f"--format={SINFO_FORMAT}"], capture_output=True,
                               text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"--launcher slurm needs Slurm's sinfo here: {exc}") from exc
