@@ -86,6 +86,9 @@ def test_refusals_are_one_line_before_anything_is_submitted(token, monkeypatch):
     with pytest.raises(ConfigError, match=r"spans 2 nodes: .*insecure = true"):
         plan_slurm([ddp], Nodes(2, 2), None, False)
     assert plan_slurm([ddp], Nodes(1, 2), None, False)[0].placement.nodes == 1   # one node: loopback
+    # horovod: a rank a worker (the horovodrun of a local run has none)
+    hvd = RunSpec("horovod", "mlp-digits", workers=2, options={"insecure": True})
+    assert plan_slurm([hvd], Nodes(2, 2), None, False)[0].placement.roles == ("workers", "workers")
     with pytest.raises(ConfigError, match=r"needs the job's token: --token-file FILE"):
         plan_slurm([RunSpec("ps", "mlp-digits")], Nodes(2, 2), None, False)
     os.chmod(token, 0o644)

@@ -99,11 +99,10 @@ class Placement:
 
 
 def rank_roles(planned: PlannedRun) -> tuple[str, ...]:
-    """A rank per process of the run but its launcher: the system's own processes first (ps: shards
-    are ranks 0..S-1), then the workers."""
-    procs = [p for p in planned.processes if p.role != LAUNCHER]
-    return tuple(p.role for p in [*(p for p in procs if p.role != WORKERS), *(p for p in procs if p.role == WORKERS)]
-                 for _ in range(p.count))
+    """A rank per process psbench launch starts: ps its shards first (ranks 0..S-1), then every
+    system its workers; a local run's other processes (its launcher, horovodrun) have no rank."""
+    procs = [p for p in planned.processes if p.role == WORKERS or (planned.spec.system == "ps" and p.role != LAUNCHER)]
+    return tuple(p.role for p in sorted(procs, key=lambda p: p.role == WORKERS) for _ in range(p.count))
 
 
 def place(spec: RunSpec, roles: tuple[str, ...], nodes: Nodes) -> Placement:
