@@ -22,6 +22,7 @@ from psbench.bench.lab import netlab, slurm
 from psbench.bench.lab.launch.run import TOKEN_NEEDED
 from psbench.bench.lab.netlab import NetLab
 from psbench.bench.lab.slurm import SlurmLab
+from psbench.core.spec import RunSpec
 from suite_helpers import assert_local_columns, recorded_locally
 
 REASON = netlab.unavailable_reason() or slurm.unavailable_reason()
@@ -122,3 +123,91 @@ def test_a_daemon_that_does_not_start_is_one_line_and_leaves_nothing(monkeypatch
     assert re.fullmatch(rf"Slurm lab: nodes {cluster.names[0]}, {cluster.names[1]} idle did not come up; exited: "
                         rf"{node}(, {node})?; slurmd: error: No filesystem mounted on /sys/fs/cgroup",
                         str(failed.value)), failed.value
+
+
+SUITE_TOML = """\
+suite = "slurm-suite"
+[matrix]
+system = ["ddp", "ps"]
+workload = "mlp-digits"
+workers = 2
+seed = [0, 1]
+[settings]
+max_steps = {steps}
+epochs = {epochs}
+[options.ddp]
+insecure = true      # its ranks on two hosts: torch's store and gloo have no authentication
+[options.ps]
+servers = 1
+"""
+
+
+def test_a_suite_runs_as_one_slurm_job_a_run_and_resumes(tmp_path):
+    """`psbench run --config FILE --launcher slurm` from lab host 1 (a login node): ddp (a rank a
+    node) and ps (shard + 2 workers: 3 ranks on 2 nodes), 2 seeds each, four jobs, every run
+    folder under its matrix run id with a local run's columns; a second invocation submits nothing;
+    a system psbench launch cannot run is one line before any job."""
+    from psbench.bench.harness.matrix import load_experiment
+    from report_fixtures import fake_run
+
+    token = tmp_path / "token"
+    token.write_text(secrets.token_hex(16) + "\n")
+    os.chmod(token, 0o600)
+    config = tmp_path / "suite.toml"
+    config.write_text(SUITE_TOML.format(steps=STEPS // 2, epochs=EPOCHS))
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(SUITE_TOML.format(steps=STEPS // 2, epochs=EPOCHS).replace('["ddp", "ps"]', '["ddp", "ps", "spark-mllib"]'))
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "psbench", "run", "--launcher", "slurm", "--results-dir", str(results),
+               "--token-file", str(token), "--no-progress", "--config"]
+    with NetLab(hosts=2) as lab:
+        with SlurmLab(lab) as cluster:
+            def psbench_run(config_file: Path) -> subprocess.CompletedProcess:
+                return lab.run(1, [*command, str(config_file)], env=cluster.env({"PSBENCH": PSBENCH}), timeout=170,
+                               cwd=ROOT)
+
+            first = psbench_run(config)
+            assert first.returncode == 0, first.stderr[-3000:]
+            suite_dir = results / "slurm-suite"
+            manifests = {p: p.stat().st_mtime_ns for p in suite_dir.glob("*/manifest.json")}
+            again = psbench_run(config)
+            refused = psbench_run(mixed)
+        assert cluster.leftover() == [], "the Slurm lab left processes behind"
+
+    specs = load_experiment(config).specs
+    suite = load_suite(suite_dir)
+    assert sorted(suite.runs["run_id"]) == sorted(s.run_id for s in specs)
+    jobs = re.findall(r"psbench: (\S+): Slurm job (\d+), (--nodes=\d --ntasks=\d --ntasks-per-node=\d), ([\d.]+) s",
+                      first.stderr)
+    assert sorted((run_id, shape) for run_id, _, shape, _ in jobs) == sorted(
+        (s.run_id, "--nodes=2 --ntasks=3 --ntasks-per-node=2" if s.system == "ps" else
+         "--nodes=2 --ntasks=2 --ntasks-per-node=1") for s in specs), first.stderr
+    for spec in specs:
+        launch = suite.manifests[spec.run_id]["extra"]["launch"]
+        ranks = 3 if spec.system == "ps" else 2
+        assert launch["engine"] == "slurm" and launch["world"] == ranks and launch["master_addr"] == cluster.names[0]
+        plan = launch["slurm_plan"]
+        assert plan["nodes"] == 2 and plan["ranks"] == ranks and plan["node_cpus"] == cluster.cpus
+        assert plan["oversubscribed"] is False
+    assert len(suite.steps) == len(specs) * 2 * (STEPS // 2)   # every run: 2 workers x its steps
+    local_dir = tmp_path / "local"
+    for spec in specs[:2]:   # a ddp and a ps run as the harness's Recorder writes them here
+        fake_run(local_dir, "local", RunSpec(spec.system, "mlp-digits", workers=2, options=spec.options),
+                 step_s=0.01, steps=6, target=1.0)
+    local = load_suite(local_dir / "local")
+    for table in ("steps", "evals", "events"):
+        assert set(getattr(suite, table).columns) == set(getattr(local, table).columns), table
+    assert set(local.runs.columns) <= set(suite.runs.columns)
+    assert not [p.name for p in suite_dir.iterdir() if p.name.startswith(".") or p.name == "failed"]
+    assert not [p for p in suite_dir.rglob("*") if p.is_file() and token.read_text().strip() in p.read_text(errors="replace")]
+
+    # resumed: nothing submitted, nothing rewritten
+    assert again.returncode == 0 and "Slurm job" not in again.stderr, again.stderr
+    assert f"{len(specs)} run(s) of suite 'slurm-suite' already complete" in again.stderr
+    assert {p: p.stat().st_mtime_ns for p in suite_dir.glob("*/manifest.json")} == manifests
+    # refused at plan time, one line, before any job
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "psbench: error: --launcher slurm cannot run system(s) spark-mllib (psbench launch runs ddp, ps, horovod): "
+        "drop them from the experiment, or run it without --launcher"), refused.stderr
+    print("psbench run --launcher slurm on two namespace hosts: " + "; ".join(
+        f"{run_id} job {job} {shape}: {wall} s" for run_id, job, shape, wall in jobs))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -57,6 +58,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dry-run", action="store_true",
                    help="print each run's plan (its cores; done or to run), or with --cluster each role's command; "
                         "run nothing")
+    g.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                   help="where the runs run: here (default), or each run not complete one Slurm job "
+                        "(sbatch --wait deploy/slurm/psbench.sbatch; ddp, ps, horovod; a ps run's token from "
+                        "--token-file; --results-dir on a file system every node shares; docs/hosts.md)")
     g.add_argument("--system", help="system adapter (see `psbench list`)")
     g.add_argument("--workload", help="workload name (see `psbench list`), or a workload file (path.toml: your model, "
                                       "data, optimiser, batch size and target; docs/workloads.md)")
@@ -192,6 +197,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One run asked for by hand runs as asked, oversubscribed or not (as horovodrun or spark-submit
     # would), with a warning and the plan in its manifest; a suite refuses unless allowed.
     allow = args.allow_oversubscribe or args.config is None or experiment.allow_oversubscribe
+    if args.launcher == "slurm":
+        from psbench.bench.lab.launch.slurm_suite import run_suite
+
+        run_suite(specs, args.results_dir, suite, args.opt_token_file, resume=not args.no_resume,
+                  allow_oversubscribe=allow, record_format=args.record_format, dry_run=args.dry_run)
+        if not args.dry_run:
+            print(f"results: {Path(args.results_dir) / suite}")
+        return 0
     results = run_all(specs, args.results_dir, suite, resume=not args.no_resume, progress=not args.no_progress,
                       allow_oversubscribe=allow, record_format=args.record_format, dry_run=args.dry_run)
     if args.dry_run:
@@ -219,17 +232,16 @@ def _spec_from_args(args: argparse.Namespace, workload: str, workers: int, comma
 # `psbench run` flags that a launched rank does not take (the engine starts the ranks; one run)
 NOT_LAUNCH = ("config", "cluster", "dry_run", "quick", "allow_oversubscribe", "mlflow", "tensorboard", "mllog",
               "mllog_submission", "no_resume")
-LAUNCHED_SYSTEMS = ("ddp", "ps", "horovod")
 # options of ddp and horovod that place ranks themselves; under an engine the environment does
 LAUNCH_PLACED = ("master_addr", "master_port", "nnodes", "node_rank", "hosts", "ssh_config")
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """One rank of a run started by an engine (torchrun, srun, mpirun): psbench/bench/lab/launch/."""
-    from psbench.bench.harness.schema import check_suite_name
-    from psbench.bench.lab.launch.env import read_env, workers_of
-    from psbench.bench.lab.launch.run import launch
     from psbench.bench.harness.runner import planned_device
+    from psbench.bench.harness.schema import check_suite_name
+    from psbench.bench.lab.launch.env import read_env
+    from psbench.bench.lab.launch.run import launch
     from psbench.core.emulation import parse_device
     from psbench.systems import get_system
     from psbench.systems.allreduce_common import exit_now
@@ -238,18 +250,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
                                                                    if getattr(args, f"opt_{n}", None) is not None]
     if args.workers != 1:
         given.append("workers")
+    if args.launcher != "local":
+        given.append("launcher")
     if given:
         raise ConfigError(f"psbench launch does not take --{given[0].replace('_', '-')}: the engine starts one "
                           "process per rank and the environment gives ranks, world size and rendezvous")
-    workload = _workload_from_args(args)
-    if args.system not in LAUNCHED_SYSTEMS or not workload:
-        raise ConfigError(f"psbench launch needs --system {'|'.join(LAUNCHED_SYSTEMS)} and --workload (or --model "
-                          "and --dataset)")
+    env = read_env(os.environ, args.env)
+    spec = _launched_spec(args, env.world) if args.spec is not None else _launch_spec_from_args(args, env.world)
     if args.suite is not None:
         check_suite_name(args.suite, "psbench launch", "--suite")
-    env = read_env(os.environ, args.env)
-    servers = int(args.opt_servers) if args.system == "ps" and args.opt_servers else 1  # ps: ranks 0..S-1
-    spec = _spec_from_args(args, workload, workers_of(args.system, env.world, servers), "psbench launch")
     # the rank's device, auto made concrete and refused as a planned run's is (with an emulated device too)
     spec = dataclasses.replace(spec, device=planned_device(spec, get_system(spec.system),
                                                            parse_device(spec.emulate_device) is not None))
@@ -259,6 +268,44 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"results: {Path(args.results_dir) / (args.suite or 'runs')}")
     exit_now(0)   # every file is written; torch's teardown of the process group's threads can hang
     return 0
+
+
+def _launch_spec_from_args(args: argparse.Namespace, world: int):
+    """The run from psbench run's flags; its workers from the ranks the engine started."""
+    from psbench.bench.lab.launch.env import LAUNCHED_SYSTEMS, workers_of
+
+    workload = _workload_from_args(args)
+    if args.system not in LAUNCHED_SYSTEMS or not workload:
+        raise ConfigError(f"psbench launch needs --system {'|'.join(LAUNCHED_SYSTEMS)} and --workload (or --model "
+                          "and --dataset)")
+    servers = int(args.opt_servers) if args.system == "ps" and args.opt_servers else 1  # ps: ranks 0..S-1
+    return _spec_from_args(args, workload, workers_of(args.system, world, servers), "psbench launch")
+
+
+def _launched_spec(args: argparse.Namespace, world: int):
+    """--spec JSON: the run exactly as `psbench run --launcher slurm` planned it (its run id the
+    matrix's: an option given as a flag would be a string, in the file a number)."""
+    from psbench.bench.harness.schema import check_spec
+    from psbench.bench.lab.launch.env import LAUNCHED_SYSTEMS, workers_of
+    from psbench.core.spec import RunSpec
+
+    if args.system or args.workload or args.model or args.dataset:
+        raise ConfigError("psbench launch takes --spec JSON or the run's flags (--system, --workload, ...), not both")
+    try:
+        raw = json.loads(args.spec)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--spec is no JSON object of a run's settings: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError("--spec is no JSON object of a run's settings")
+    spec = RunSpec.from_dict(raw)
+    check_spec(spec.to_dict(), "psbench launch", "--spec ")
+    if spec.system not in LAUNCHED_SYSTEMS:
+        raise ConfigError(f"psbench launch runs --system {'|'.join(LAUNCHED_SYSTEMS)}, not {spec.system!r}")
+    servers = int(spec.options.get("servers", 1)) if spec.system == "ps" else 1
+    if workers_of(spec.system, world, servers) != spec.workers:
+        shape = f"{servers} shard(s) and the workers" if spec.system == "ps" else "a rank a worker"
+        raise ConfigError(f"--spec has {spec.workers} worker(s); the engine started {world} rank(s) ({shape})")
+    return spec
 
 
 def _workload_from_args(args: argparse.Namespace) -> str | None:
@@ -435,6 +482,8 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
         e.add_argument("--env", choices=("torchrun", "slurm", "mpi"),
                        help="whose variables give rank and rendezvous (default: the first set of torchrun's "
                             "RANK, Slurm's SLURM_PROCID, Open MPI's OMPI_COMM_WORLD_RANK)")
+        e.add_argument("--spec", metavar="JSON", help="the run's settings as a JSON object (a RunSpec), in place of "
+                       "--system, --workload, ...: what `psbench run --launcher slurm` submits")
     p.set_defaults(func=cmd_launch)
 
     p = sub.add_parser("list", help="list systems, workloads, sharding strategies and experiments")

@@ -99,6 +99,10 @@ def read_env(environ: Mapping[str, str], engine: str | None = None) -> LaunchEnv
 
 # Systems whose every rank is a training worker (ps: its first ranks are the shards).
 EVERY_RANK_A_WORKER = ("ddp", "horovod")
+LAUNCHED_SYSTEMS = ("ddp", "ps", "horovod")   # what psbench launch runs
+# the CPU plan a job was submitted with (`psbench run --launcher slurm`), for rank 0's manifest:
+# sbatch passes the environment on to the job's ranks
+PLAN_ENV = "PSBENCH_SLURM_PLAN"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from psbench.bench.lab.launch.env import LaunchEnv, role_of
+from psbench.bench.lab.launch.env import PLAN_ENV, LaunchEnv, role_of
 from psbench.bench.lab.launch.rendezvous import (clock_record, connect, measure_offsets, receive_files,
                                                  send_files)
 from psbench.core.errors import ConfigError
@@ -86,8 +86,11 @@ def launch_record(env: LaunchEnv, offsets: dict, store_auth: str) -> dict:
     if not clock["within_bound"]:
         print(f"psbench: warning: the ranks' clocks differ by up to {clock['max_abs_offset_s']:.3f} s, beyond "
               f"{clock['bound_s']:g} s (recorded in the manifest's extra.launch.clock)", file=sys.stderr)
-    return {"engine": env.engine, "world": env.world, "master_addr": env.master_addr,
-            "store": "torchrun agent" if env.agent_store else "rank 0", "store_auth": store_auth, "clock": clock}
+    record = {"engine": env.engine, "world": env.world, "master_addr": env.master_addr,
+              "store": "torchrun agent" if env.agent_store else "rank 0", "store_auth": store_auth, "clock": clock}
+    if os.environ.get(PLAN_ENV):   # submitted by `psbench run --launcher slurm`: its nodes' CPU plan
+        record["slurm_plan"] = json.loads(os.environ[PLAN_ENV])
+    return record
 
 
 def run_ddp(spec: RunSpec, env: LaunchEnv, results_dir: Path, suite: str, record_format: str) -> RunResult | None:
