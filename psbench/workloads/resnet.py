@@ -1,6 +1,6 @@
 """ImageNet ResNets (He et al. 2016) laid out as torchvision's `resnet18`/`resnet34`/`resnet50`
-(its v1.5: the stride of a bottleneck on its 3x3 convolution), written here: torchvision cannot be
-imported beside this CPU build of torch. Same modules, names, shapes and initialisation (convolutions
+(its v1.5: the stride of a bottleneck on its 3x3 convolution), written here: the torchvision that pins
+this torch (0.28.0) is a CUDA build whose operators do not load beside the CPU torch. Same modules, names, shapes and initialisation (convolutions
 Kaiming-normal, fan-out; BatchNorm weight 1, bias 0; the classifier torch's default), so the
 parameter counts are torchvision's (resnet18 11,689,512; resnet50 25,557,032 at 1000 classes) and a
 state dict's keys are the ones torchvision writes.
