@@ -16,7 +16,8 @@ from psbench.workloads.datasets import make_synthetic, read_idx
 from psbench.workloads.models import build_model
 
 
-@pytest.mark.parametrize("name", ["digits", "mnist1d", "higgs-synthetic", "skewed-synthetic", "cifar-synthetic"])
+@pytest.mark.parametrize("name", ["digits", "mnist1d", "higgs-synthetic", "skewed-synthetic", "cifar-synthetic",
+                                  "imagenet-synthetic"])
 def test_builtin_datasets_are_deterministic_and_well_formed(name: str) -> None:
     a, b = load_dataset(name, seed=3), load_dataset(name, seed=3)
     assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_val, b.y_val)

@@ -1,4 +1,5 @@
-"""Plain torch models: logistic regression, MLP, a small 1-D/2-D CNN, a small CIFAR-style ResNet."""
+"""Plain torch models: logistic regression, MLP, a small 1-D/2-D CNN, a small CIFAR-style ResNet, and
+torchvision's ImageNet ResNet-18/50 (resnet.py)."""
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 from psbench.core.errors import ConfigError
+from psbench.workloads.resnet import imagenet_resnet
 
 
 class LogisticRegression(nn.Module):
@@ -107,6 +109,8 @@ MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": MLP,
     "cnn": SmallCNN,
     "resnet": SmallResNet,
+    "resnet18": imagenet_resnet("resnet18"),  # torchvision's ImageNet ResNets (resnet.py)
+    "resnet50": imagenet_resnet("resnet50"),
 }
 
 

@@ -121,6 +121,15 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              description="1-D CNN on 20,000 MNIST-1D examples (16k/4k split): sharding over 12 workers"),
     Workload("resnet-synthetic", "cifar-synthetic", "resnet", OptimizerSettings(0.05, 0.9, 5e-4), 32, 1, 0.50,
              description="ResNet-8 on CIFAR-shaped synthetic images (throughput)"),
+    # Horovod's pytorch_synthetic_benchmark.py as a workload: its data (one fixed batch a worker of
+    # 3x224x224 N(0, 1) images, random labels), its batch of 32 and plain SGD at lr 0.01 (the script
+    # scales lr by the ranks; speed does not depend on it), on ResNet-18 (the script's default is
+    # ResNet-50, 2.2x the compute: horovod-synthetic-resnet50) so a CPU run stays in minutes
+    Workload("horovod-synthetic", "imagenet-synthetic", "resnet18", OptimizerSettings(0.01, 0.0), 32, 20, None,
+             description="ResNet-18 on ImageNet-shaped random images as Horovod's synthetic benchmark makes them "
+                         "(3x224x224, batch 32, SGD lr 0.01; at 2 workers one fixed batch each: 20 steps)"),
+    Workload("horovod-synthetic-resnet50", "imagenet-synthetic", "resnet50", OptimizerSettings(0.01, 0.0), 32, 20,
+             None, description="ResNet-50 (the script's default model) on Horovod's synthetic ImageNet-shaped data"),
     Workload("cnn-mnist", "mnist", "cnn", OptimizerSettings(0.05, 0.9), 64, 2, 0.97,
              description="CNN on MNIST IDX files from --data-dir"),
     Workload("resnet-cifar10", "cifar10", "resnet", OptimizerSettings(0.05, 0.9, 5e-4), 128, 10, 0.70,
