@@ -217,8 +217,11 @@ def run_sync(prep: Prepared, comm: Comm, should_stop: StopFn | None = None,
         # Rank 0 is the clock: after a barrier it evaluates, and one reduction shares its
         # evaluation time and stop decision, so every rank keeps the same span off its clock and
         # step times of all ranks stay comparable. Waiting at the barrier for a slower rank stays
-        # on the clock: that is synchronisation cost.
+        # on the clock: that is synchronisation cost, in the last step's comm_s (its columns add up).
+        began = time.perf_counter()
         comm.barrier()
+        if result.step_rows:
+            result.step_rows[-1]["comm_s"] += time.perf_counter() - began
         stop, eval_s = False, 0.0
         if rank == 0:
             begin = time.time()

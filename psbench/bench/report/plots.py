@@ -599,7 +599,9 @@ BREAKDOWN_PARTS = {"compute_s": ("compute (real)", "#4c72b0"), "emulated_s": ("e
 def breakdown_groups(res: SuiteResults) -> pd.DataFrame:
     """Runs with a per-step time breakdown (measures.time_breakdown) and the keys to group them by."""
     per_run = run_breakdowns(res)
-    per_run = per_run[per_run[STEP_TIME_COLUMNS].notna().any(axis=1)]
+    # the copies' column is 0 on cpu for every system: only copies made tell a breakdown
+    told = [c for c in STEP_TIME_COLUMNS if c != HOST_GPU_COPIES]
+    per_run = per_run[per_run[told].notna().any(axis=1) | (per_run[HOST_GPU_COPIES] > 0)]
     keys = ["run_id", "workload", "label", "system", "workers", "batch_size", "sharding", "conditions"]
     keys += [k for k in ("allreduce_alone_s",) if k in res.runs]
     return res.runs[keys].merge(per_run, on="run_id")
