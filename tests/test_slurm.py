@@ -12,6 +12,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -36,6 +37,18 @@ EPOCHS = 20
 PSBENCH = f"{sys.executable} -m psbench"
 
 
+def shown_job(lab: NetLab, cluster: SlurmLab, job_id: str, tries: int = 5) -> str:
+    """`scontrol show job`'s one line for a finished job. Once in a quiet run here it printed
+    nothing right after `sbatch --wait` returned (the record not yet answerable); asked again, it
+    answers: a few tries a second apart, the last attempt's error kept for the assertion."""
+    for _ in range(tries):
+        shown = lab.run(1, ["scontrol", "--oneliner", "show", "job", job_id], env=cluster.env())
+        if shown.stdout.strip():
+            return shown.stdout
+        time.sleep(1)
+    return f"(scontrol printed nothing; exit {shown.returncode}: {shown.stderr.strip()})"
+
+
 def test_sbatch_runs_ps_and_ddp_across_two_namespace_hosts(tmp_path):
     token = tmp_path / "token"
     token.write_text(secrets.token_hex(16) + "\n")
@@ -52,8 +65,7 @@ def test_sbatch_runs_ps_and_ddp_across_two_namespace_hosts(tmp_path):
                                                  "--epochs", str(EPOCHS), "--results-dir", str(tmp_path / system), "--suite", "slurm"],
                                      tmp_path / f"{system}.out", sbatch_args, env={"PSBENCH": PSBENCH})
                 assert job.failure() is None, job.failure() + "\n" + job.output[-3000:]
-                shown = lab.run(1, ["scontrol", "--oneliner", "show", "job", job.job_id], env=cluster.env())
-                done[system] = (job, shown.stdout)
+                done[system] = (job, shown_job(lab, cluster, job.job_id))
             # a job that fails says why in one line: a ps job without its token
             bad = cluster.submit(1, SCRIPT, ["--system", "ps", "--workload", WORKLOAD, "--results-dir",
                                              str(tmp_path / "bad")], tmp_path / "bad.out", ["--nodes=2", "--ntasks=2"],
