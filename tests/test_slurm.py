@@ -38,9 +38,9 @@ PSBENCH = f"{sys.executable} -m psbench"
 
 
 def shown_job(lab: NetLab, cluster: SlurmLab, job_id: str, tries: int = 5) -> str:
-    """`scontrol show job`'s one line for a finished job. Once in a quiet run here it printed
-    nothing right after `sbatch --wait` returned (the record not yet answerable); asked again, it
-    answers: a few tries a second apart, the last attempt's error kept for the assertion."""
+    """`scontrol show job`'s one line for a finished job. Right after `sbatch --wait` returns it can
+    print nothing (the record not yet answerable); asked again, it answers: a few tries a second
+    apart, the last attempt's error kept for the assertion."""
     for _ in range(tries):
         shown = lab.run(1, ["scontrol", "--oneliner", "show", "job", job_id], env=cluster.env())
         if shown.stdout.strip():
