@@ -61,11 +61,11 @@ def agree_on_run(raw_store, spec: RunSpec, rank: int, world: int) -> None:
     """Every rank shows its run's settings; rank 0 checks all of them and every other rank checks
     rank 0's. Ranks given other settings would meet under other run ids and wait there until the
     store's timeout; here it is one line naming the settings."""
-    mine = spec.hashed_settings()
-    raw_store.set(f"psbench-launch/settings/{rank}", json.dumps(mine, sort_keys=True, default=str))
+    shown = json.dumps(spec.hashed_settings(), sort_keys=True, default=str)
+    raw_store.set(f"psbench-launch/settings/{rank}", shown)
+    mine = json.loads(shown)   # as the others read it
     for other in (range(1, world) if rank == 0 else [0]):
-        theirs = json.loads(raw_store.get(f"psbench-launch/settings/{other}"))
-        differ = settings_differ(json.loads(json.dumps(mine, default=str)), theirs)
+        differ = settings_differ(mine, json.loads(raw_store.get(f"psbench-launch/settings/{other}")))
         if differ:
             raise ConfigError(f"rank {other} was given another run than rank {rank} ({', '.join(differ)} differ): "
                               f"every rank of a launched job takes the same settings")
